@@ -1,0 +1,5 @@
+import sys
+
+from canvasagent.cli import main
+
+sys.exit(main())

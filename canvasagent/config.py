@@ -1,0 +1,89 @@
+"""YAML configs loaded into dataclasses. Paths are resolved relative to the repository configs/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+
+T = TypeVar("T")
+
+
+def find_config(name_or_path: str | Path, kind: str) -> Path:
+    """`offline` -> configs/<kind>/offline.yaml; an existing path is used as is."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    cand = CONFIG_DIR / kind / f"{name_or_path}.yaml"
+    if cand.exists():
+        return cand
+    raise FileNotFoundError(f"no {kind} config {name_or_path!r} (looked for {p} and {cand})")
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None) -> T:
+    """Build a (nested) dataclass from a dict, refusing unknown keys so typos fail loudly."""
+    data = dict(data or {})
+    hints = get_type_hints(cls)
+    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown config keys {sorted(unknown)}; allowed: {sorted(names)}")
+    kwargs: dict[str, Any] = {}
+    for k, v in data.items():
+        t = hints.get(k)
+        if is_dataclass(t) and isinstance(v, dict):
+            v = from_dict(t, v)  # type: ignore[arg-type]
+        kwargs[k] = v
+    return cls(**kwargs)
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at top level")
+    return data
+
+
+@dataclass
+class BackendConfig:
+    name: str | None = None  # a key of toolserver.backends.BACKEND_FACTORIES, or none
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ToolsConfig:
+    profile: str = "canvascraft"  # canvascraft | exact
+    client: str = "local"  # local | ray | http
+    url: str | None = None  # for client=http
+    token_env: str = "CANVASAGENT_TOOLSERVER_TOKEN"
+    max_pixels: int = 40_000_000
+    backends: dict[str, BackendConfig] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, name_or_path: str | Path = "offline") -> "ToolsConfig":
+        data = load_yaml(find_config(name_or_path, "tools"))
+        backends = {k: BackendConfig(**(v or {})) for k, v in (data.pop("backends", None) or {}).items()}
+        cfg = from_dict(cls, data)
+        cfg.backends = backends
+        return cfg
+
+
+def make_toolbox(cfg: ToolsConfig | str | Path = "offline"):
+    """The toolbox a config asks for: in-process, a Ray Serve handle, or HTTP."""
+    if not isinstance(cfg, ToolsConfig):
+        cfg = ToolsConfig.load(cfg)
+    if cfg.client == "local":
+        from toolserver.toolbox import LocalToolbox
+
+        return LocalToolbox.from_config(cfg)
+    if cfg.client in ("ray", "http"):
+        from toolserver import client  # provided by the toolserver package
+
+        return client.make_remote_toolbox(cfg)
+    raise ValueError(f"unknown toolbox client {cfg.client!r} (local | ray | http)")

@@ -1,0 +1,77 @@
+"""Straightforward reference renderers for the EASEL brush.
+
+* :func:`reference_alpha` follows the Learning-to-Paint recipe: 100 filled
+  circles at ``t = i/100`` along the Bezier, drawn at 2x resolution, then
+  downsampled by 2x2 box averaging. To describe the same stroke model as
+  :mod:`canvasagent.easel.render`, each 2x sub-pixel takes the opacity of the
+  circle that covers it most deeply (largest ``r_i - d_i``).
+* :func:`supersampled_alpha` is the accuracy yardstick: hard coverage evaluated
+  on an ``ss x ss`` grid of sub-pixels per pixel, with ``t`` sampled densely
+  (``n_t`` points), averaged back to pixel resolution.
+
+Both are plain numpy and intentionally unoptimised (full-canvas work per
+circle); they exist to check and time the fast renderer.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .render import N_PARAMS, R_MAX_FRAC, R_MIN_PX
+
+
+def _disc_union_alpha(p: np.ndarray, h: int, w: int, scale: int, ts: np.ndarray) -> np.ndarray:
+    """Hard-coverage alpha at ``scale``x resolution using discs at parameters ``ts``."""
+    hh, ww = h * scale, w * scale
+    u = 1 - ts
+    bx = (u * u * p[0] + 2 * ts * u * p[2] + ts * ts * p[4]) * w
+    by = (u * u * p[1] + 2 * ts * u * p[3] + ts * ts * p[5]) * h
+    rad = lambda r: R_MIN_PX + r * (min(h, w) * R_MAX_FRAC - R_MIN_PX)  # noqa: E731
+    rr = (1 - ts) * rad(p[6]) + ts * rad(p[8])
+    aa = (1 - ts) * p[7] + ts * p[9]
+    # sub-pixel centres in canvas pixel units
+    ys = ((np.arange(hh) + 0.5) / scale)[:, None]
+    xs = ((np.arange(ww) + 0.5) / scale)[None, :]
+    best = np.full((hh, ww), -np.inf, dtype=np.float64)
+    alpha = np.zeros((hh, ww), dtype=np.float64)
+    for cx, cy, r, a in zip(bx, by, rr, aa):
+        depth = r - np.sqrt((xs - cx) ** 2 + (ys - cy) ** 2)
+        better = depth > best
+        best = np.where(better, depth, best)
+        alpha = np.where(better, a, alpha)
+    alpha = np.where(best >= 0, alpha, 0.0)
+    return alpha.reshape(h, scale, w, scale).mean(axis=(1, 3))
+
+
+def reference_alpha(params: Sequence[float], h: int, w: int | None = None) -> np.ndarray:
+    """Learning-to-Paint style: 100 circles at 2x, then 2x2 box downsample."""
+    w = w or h
+    p = np.asarray(params, dtype=np.float64)
+    ts = np.arange(100) / 100.0
+    return _disc_union_alpha(p, h, w, 2, ts).astype(np.float32)
+
+
+def supersampled_alpha(params: Sequence[float], h: int, w: int | None = None, ss: int = 4,
+                       n_t: int = 1024) -> np.ndarray:
+    """Ground truth: ss x ss supersampled hard coverage with dense t sampling."""
+    w = w or h
+    p = np.asarray(params, dtype=np.float64)
+    ts = np.linspace(0.0, 1.0, n_t)
+    return _disc_union_alpha(p, h, w, ss, ts).astype(np.float32)
+
+
+def composite_np(canvas: np.ndarray, alpha: np.ndarray, color: Sequence[float]) -> np.ndarray:
+    a = alpha[..., None]
+    return (canvas * (1 - a) + np.asarray(color, dtype=np.float32)[None, None] * a).astype(np.float32)
+
+
+def reference_render(strokes: np.ndarray, h: int, w: int | None = None, canvas: np.ndarray | None = None,
+                     supersample: bool = False) -> np.ndarray:
+    """Composite strokes in order with the reference (or supersampled) alpha."""
+    w = w or h
+    out = np.ones((h, w, 3), np.float32) if canvas is None else canvas.astype(np.float32).copy()
+    fn = supersampled_alpha if supersample else reference_alpha
+    for p in np.asarray(strokes, dtype=np.float64).reshape(-1, N_PARAMS):
+        out = composite_np(out, fn(p, h, w), p[10:13])
+    return out

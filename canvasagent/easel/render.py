@@ -1,0 +1,351 @@
+"""EASEL brush renderer (torch core, numpy wrappers).
+
+Stroke model
+------------
+A ``brush_stroke`` has 13 parameters, all in [0, 1]::
+
+    xs, ys, xc, yc, xe, ye, rs, as, re, ae, cr, cg, cb
+
+* Path: quadratic Bezier ``B(t) = (1-t)^2 P0 + 2t(1-t) P1 + t^2 P2`` with
+  ``P0=(xs,ys)``, ``P1=(xc,yc)`` (absolute control point), ``P2=(xe,ye)``.
+  Normalised coordinates map to continuous pixel coordinates as
+  ``X = x * W`` and ``Y = y * H``; pixel ``(i, j)`` (row, column) is sampled at
+  its centre ``(j + 0.5, i + 0.5)``. ``y`` grows downwards.
+* Radius: ``r(t) = (1-t) R(rs) + t R(re)`` with
+  ``R(r) = R_MIN_PX + r * (min(H, W) * R_MAX_FRAC - R_MIN_PX)`` pixels
+  (``R_MIN_PX = 0.5``, ``R_MAX_FRAC = 0.25``: a full-size stroke is half the
+  canvas wide, like Learning-to-Paint's brush).
+* Opacity: ``a(t) = (1-t) as + t ae``; colour ``(cr, cg, cb)`` shared.
+
+Rasterisation
+-------------
+The footprint is the union of discs ``D(B(t), r(t))``, expressed by the signed
+distance ``sdf(x) = max_t [ r(t) - |x - B(t)| ]`` (positive inside). For a
+pixel centre ``x``:
+
+1. ``t*`` = argmax of ``g(t) = r(t) - |x - B(t)|``, found by evaluating ``g`` at
+   ``K`` uniformly spaced ``t`` (``K`` grows with resolution) and refining the
+   best sample
+   with ``GOLDEN_STEPS`` golden-section iterations inside the bracket of its
+   neighbouring samples (bracket width shrinks by 0.618 per iteration).
+2. Coverage ``cov = clamp(g(t*) + 0.5, 0, 1)``: a one-pixel linear ramp, i.e.
+   the box-filtered area of a straight edge, which is the anti-aliasing.
+3. Stroke alpha ``A = a(t*) * cov``.
+4. Source-over compositing per channel: ``C <- C (1 - A) + c A``.
+
+Strokes are composited in order on a white canvas (1, 1, 1). Everything is
+float32 and free of randomness, so identical inputs give identical outputs.
+``t*`` is computed without gradient; by the envelope theorem the gradient of
+``g(t*)`` w.r.t. the parameters is exact at the maximiser, which keeps the
+differentiable path (used by the painter) cheap.
+
+Semantic tasks use a fixed appearance (:data:`FIXED_APPEARANCE`: opaque dark
+blue, medium width) and only the 6 path parameters (:func:`expand_fixed`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+N_PARAMS = 13
+PARAM_NAMES: tuple[str, ...] = (
+    "xs", "ys", "xc", "yc", "xe", "ye", "rs", "as", "re", "ae", "cr", "cg", "cb",
+)
+PATH_NAMES: tuple[str, ...] = PARAM_NAMES[:6]
+R_MIN_PX = 0.5
+R_MAX_FRAC = 0.25
+GOLDEN_STEPS = 10
+# Above this many (stroke x pixel) elements the batch is processed in chunks to
+# bound the size of temporaries.
+_CHUNK_ELEMS = 1 << 22
+
+
+@dataclass(frozen=True)
+class FixedAppearance:
+    """Brush appearance of the semantic tasks (only the path is predicted)."""
+
+    radius: float = 0.06  # 0.5 + 0.06*(32-0.5) ~ 2.4 px at 128^2, 8.1 px at 512^2
+    opacity: float = 1.0
+    color: tuple[float, float, float] = (0.08, 0.12, 0.45)  # dark blue
+
+
+FIXED_APPEARANCE = FixedAppearance()
+
+
+def expand_fixed(path: Sequence[float] | np.ndarray, app: FixedAppearance = FIXED_APPEARANCE) -> np.ndarray:
+    """6 path parameters -> full 13-parameter stroke with the fixed appearance."""
+    p = np.asarray(path, dtype=np.float64).reshape(-1, 6)
+    n = p.shape[0]
+    out = np.empty((n, N_PARAMS), dtype=np.float64)
+    out[:, :6] = p
+    out[:, 6] = app.radius
+    out[:, 7] = app.opacity
+    out[:, 8] = app.radius
+    out[:, 9] = app.opacity
+    out[:, 10:13] = np.asarray(app.color)
+    return out[0] if np.ndim(path) == 1 else out
+
+
+def validate_params(params: Sequence[float] | np.ndarray, n: int = N_PARAMS) -> np.ndarray:
+    """Return params as float64 array of shape (n,), raising ValueError if invalid."""
+    p = np.asarray(params, dtype=np.float64)
+    if p.shape != (n,):
+        raise ValueError(f"expected {n} stroke parameters, got shape {p.shape}")
+    if not np.all(np.isfinite(p)):
+        raise ValueError("stroke parameters must be finite")
+    if np.any(p < 0.0) or np.any(p > 1.0):
+        raise ValueError("stroke parameters must lie in [0, 1]")
+    return p
+
+
+def params_from_dict(args: dict, fixed: bool = False) -> np.ndarray:
+    """Tool-call arguments ``{"xs": .., ...}`` -> parameter vector (validated)."""
+    names = PATH_NAMES if fixed else PARAM_NAMES
+    missing = [k for k in names if k not in args]
+    if missing:
+        raise ValueError(f"missing stroke arguments: {missing}")
+    try:
+        vals = [float(args[k]) for k in names]
+    except (TypeError, ValueError) as e:  # non-numeric argument
+        raise ValueError(f"non-numeric stroke argument: {e}") from None
+    return validate_params(vals, len(names))
+
+
+def params_to_dict(p: Sequence[float] | np.ndarray) -> dict[str, float]:
+    p = np.asarray(p, dtype=np.float64).reshape(-1)
+    names = PATH_NAMES if p.size == 6 else PARAM_NAMES
+    return {k: float(v) for k, v in zip(names, p)}
+
+
+def n_samples_for(h: int, w: int) -> int:
+    """Coarse t samples: enough that a bracket spans <~ 1/12 of the canvas."""
+    return int(max(12, min(32, math.ceil(max(h, w) / 10))))
+
+
+def _radius_px(r: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    return R_MIN_PX + r * (min(h, w) * R_MAX_FRAC - R_MIN_PX)
+
+
+def _geometry(p: torch.Tensor, h: int, w: int):
+    """Per-stroke pixel-space Bezier points, radii, opacities; shapes (B,1,1)."""
+    def c(i):
+        return p[:, i].reshape(-1, 1, 1)
+    x0, y0 = c(0) * w, c(1) * h
+    x1, y1 = c(2) * w, c(3) * h
+    x2, y2 = c(4) * w, c(5) * h
+    r0, r1 = _radius_px(c(6), h, w), _radius_px(c(8), h, w)
+    return (x0, y0, x1, y1, x2, y2, r0, r1, c(7), c(9))
+
+
+def _g_terms(t, px, py, geo):
+    """g(t), g'(t), g''(t) for every pixel (analytic derivatives)."""
+    x0, y0, x1, y1, x2, y2, r0, r1, _, _ = geo
+    u = 1.0 - t
+    bx = u * u * x0 + 2 * t * u * x1 + t * t * x2
+    by = u * u * y0 + 2 * t * u * y1 + t * t * y2
+    dbx = 2 * (u * (x1 - x0) + t * (x2 - x1))
+    dby = 2 * (u * (y1 - y0) + t * (y2 - y1))
+    ddbx = 2 * (x2 - 2 * x1 + x0)
+    ddby = 2 * (y2 - 2 * y1 + y0)
+    dx, dy = bx - px, by - py
+    d = torch.sqrt(dx * dx + dy * dy + 1e-12)
+    dot = dx * dbx + dy * dby
+    g = r0 + (r1 - r0) * t - d
+    g1 = (r1 - r0) - dot / d
+    g2 = -(dbx * dbx + dby * dby + dx * ddbx + dy * ddby) / d + dot * dot / (d * d * d)
+    return g, g1, g2
+
+
+def _find_tstar(px, py, geo, k: int) -> torch.Tensor:
+    """argmax_t g(t) per pixel: coarse samples then golden-section refinement."""
+    x0, y0, x1, y1, x2, y2, r0, r1, _, _ = geo
+    best_g = None
+    best_i = None
+    for i in range(k):
+        g = _g_value(i / (k - 1), px, py, geo)
+        if best_g is None:
+            best_g, best_i = g, torch.zeros_like(g)
+        else:
+            better = g > best_g
+            best_g = torch.where(better, g, best_g)
+            best_i = torch.where(better, torch.full_like(g, float(i)), best_i)
+    step = 1.0 / (k - 1)
+    t = best_i * step
+    lo = (t - step).clamp(min=0.0)
+    hi = (t + step).clamp(max=1.0)
+    # Golden-section search on the bracket: g is unimodal there but has a
+    # cone-like kink near the curve (|x-B(t)| -> 0) that derails Newton, so a
+    # derivative-free search is the robust choice. Each iteration shrinks the
+    # bracket by 0.618; the coarse sample is kept if it is still better.
+    phi = 0.6180339887498949
+    a, b = lo, hi
+    c = b - phi * (b - a)
+    d = a + phi * (b - a)
+    gc = _g_value(c, px, py, geo)
+    gd = _g_value(d, px, py, geo)
+    for _ in range(GOLDEN_STEPS):
+        left = gc > gd
+        a = torch.where(left, a, c)
+        b = torch.where(left, d, b)
+        nc = torch.where(left, b - phi * (b - a), d)
+        nd = torch.where(left, c, a + phi * (b - a))
+        gnew = _g_value(torch.where(left, nc, nd), px, py, geo)
+        gc, gd = torch.where(left, gnew, gd), torch.where(left, gc, gnew)
+        c, d = nc, nd
+    t_gs = torch.where(gc > gd, c, d)
+    g_gs = torch.maximum(gc, gd)
+    return torch.where(g_gs >= best_g, t_gs, t)
+
+
+def _g_value(t, px, py, geo):
+    x0, y0, x1, y1, x2, y2, r0, r1, _, _ = geo
+    u = 1.0 - t
+    bx = u * u * x0 + 2 * t * u * x1 + t * t * x2
+    by = u * u * y0 + 2 * t * u * y1 + t * t * y2
+    return r0 + (r1 - r0) * t - torch.sqrt((bx - px) ** 2 + (by - py) ** 2)
+
+
+def stroke_alpha(params: torch.Tensor, h: int, w: int, *, x_off: int = 0, y_off: int = 0,
+                 crop_h: int | None = None, crop_w: int | None = None, k: int | None = None) -> torch.Tensor:
+    """Alpha maps (B, crop_h, crop_w) for strokes ``params`` (B, 13) on an h x w canvas.
+
+    Differentiable w.r.t. ``params``. ``x_off/y_off/crop_*`` select a window of
+    the canvas (used to skip pixels outside a stroke's bounding box).
+    """
+    ch = h if crop_h is None else crop_h
+    cw = w if crop_w is None else crop_w
+    k = k or n_samples_for(h, w)
+    dev, dt = params.device, params.dtype
+    py = (torch.arange(ch, device=dev, dtype=dt) + (0.5 + y_off)).reshape(1, ch, 1)
+    px = (torch.arange(cw, device=dev, dtype=dt) + (0.5 + x_off)).reshape(1, 1, cw)
+    geo = _geometry(params, h, w)
+    with torch.no_grad():
+        geo_ng = tuple(g.detach() for g in geo)
+        tstar = _find_tstar(px, py, geo_ng, k)
+    g, _, _ = _g_terms(tstar, px, py, geo)
+    a0, a1 = geo[8], geo[9]
+    opacity = a0 + (a1 - a0) * tstar
+    return opacity * (g + 0.5).clamp(0.0, 1.0)
+
+
+def _chunks(n: int, per_item: int):
+    size = max(1, _CHUNK_ELEMS // max(per_item, 1))
+    for s in range(0, n, size):
+        yield s, min(n, s + size)
+
+
+def composite(canvas: torch.Tensor, alpha: torch.Tensor, color: torch.Tensor) -> torch.Tensor:
+    """Source-over: canvas (..., 3, H, W), alpha (..., H, W), color (..., 3)."""
+    a = alpha.unsqueeze(-3)
+    return canvas * (1 - a) + color[..., :, None, None] * a
+
+
+def render_batch_onto(canvas: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """Apply each of B strokes independently to the same canvas (3,H,W) -> (B,3,H,W).
+
+    This is the batched-proposal path used by greedy search.
+    """
+    _, h, w = canvas.shape
+    outs = []
+    for s, e in _chunks(params.shape[0], h * w):
+        a = stroke_alpha(params[s:e], h, w)
+        outs.append(composite(canvas.unsqueeze(0), a, params[s:e, 10:13]))
+    return torch.cat(outs, 0)
+
+
+def render_sequence(params: torch.Tensor, h: int, w: int, canvas: torch.Tensor | None = None) -> torch.Tensor:
+    """Composite strokes (N, 13) in order onto ``canvas`` (default white) -> (3,H,W).
+
+    Fully vectorised (differentiable): the final colour is
+    ``sum_i c_i A_i prod_{j>i}(1-A_j) + C0 prod_j (1-A_j)``.
+    """
+    dev, dt = params.device, params.dtype
+    if canvas is None:
+        canvas = torch.ones(3, h, w, device=dev, dtype=dt)
+    if params.shape[0] == 0:
+        return canvas
+    alphas = torch.cat([stroke_alpha(params[s:e], h, w) for s, e in _chunks(params.shape[0], h * w)], 0)
+    keep = 1 - alphas  # (N,H,W)
+    # transmittance after stroke i: prod_{j>i} keep_j (reverse exclusive cumprod)
+    rev = torch.flip(keep, [0])
+    after = torch.flip(torch.cumprod(torch.cat([torch.ones_like(rev[:1]), rev[:-1]], 0), 0), [0])
+    contrib = (params[:, 10:13, None, None] * (alphas * after).unsqueeze(1)).sum(0)
+    return contrib + canvas * torch.prod(keep, 0).unsqueeze(0)
+
+
+# ----------------------------------------------------------------------------
+# numpy-facing helpers (images are float32 H x W x 3 in [0, 1])
+# ----------------------------------------------------------------------------
+
+def blank_canvas(h: int, w: int | None = None) -> np.ndarray:
+    return np.ones((h, w or h, 3), dtype=np.float32)
+
+
+def _bbox(p: np.ndarray, h: int, w: int) -> tuple[int, int, int, int]:
+    """Pixel window containing every pixel the stroke can touch."""
+    rmax = max(R_MIN_PX + p[6] * (min(h, w) * R_MAX_FRAC - R_MIN_PX),
+               R_MIN_PX + p[8] * (min(h, w) * R_MAX_FRAC - R_MIN_PX)) + 1.0
+    xs = np.array([p[0], p[2], p[4]]) * w  # curve lies in the control hull
+    ys = np.array([p[1], p[3], p[5]]) * h
+    x0 = max(0, int(math.floor(xs.min() - rmax)))
+    x1 = min(w, int(math.ceil(xs.max() + rmax)))
+    y0 = max(0, int(math.floor(ys.min() - rmax)))
+    y1 = min(h, int(math.ceil(ys.max() + rmax)))
+    return x0, y0, x1, y1
+
+
+def alpha_np(params: Sequence[float] | np.ndarray, h: int, w: int | None = None) -> np.ndarray:
+    """Alpha map (H, W) float32 of one stroke (bounding-box accelerated)."""
+    w = w or h
+    p = np.asarray(params, dtype=np.float32)
+    out = np.zeros((h, w), dtype=np.float32)
+    x0, y0, x1, y1 = _bbox(p, h, w)
+    if x1 <= x0 or y1 <= y0:
+        return out
+    with torch.no_grad():
+        a = stroke_alpha(torch.from_numpy(p[None]), h, w, x_off=x0, y_off=y0,
+                         crop_h=y1 - y0, crop_w=x1 - x0)
+    out[y0:y1, x0:x1] = a[0].numpy()
+    return out
+
+
+def apply_stroke(canvas: np.ndarray, params: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Return a new canvas (H, W, 3) with one 13-parameter stroke composited."""
+    p = np.asarray(params, dtype=np.float32)
+    h, w = canvas.shape[:2]
+    out = np.array(canvas, dtype=np.float32, copy=True)
+    x0, y0, x1, y1 = _bbox(p, h, w)
+    if x1 <= x0 or y1 <= y0:
+        return out
+    with torch.no_grad():
+        a = stroke_alpha(torch.from_numpy(p[None]), h, w, x_off=x0, y_off=y0,
+                         crop_h=y1 - y0, crop_w=x1 - x0)[0].numpy()[..., None]
+    win = out[y0:y1, x0:x1]
+    out[y0:y1, x0:x1] = win * (1 - a) + p[10:13][None, None, :] * a
+    return out
+
+
+def render_strokes(strokes: Sequence[Sequence[float]] | np.ndarray, h: int, w: int | None = None,
+                   canvas: np.ndarray | None = None) -> np.ndarray:
+    """Composite strokes in order (one at a time, bbox-accelerated) -> (H, W, 3)."""
+    w = w or h
+    out = blank_canvas(h, w) if canvas is None else np.array(canvas, dtype=np.float32, copy=True)
+    for p in np.asarray(strokes, dtype=np.float32).reshape(-1, N_PARAMS):
+        out = apply_stroke(out, p)
+    return out
+
+
+def render_batch_np(canvas: np.ndarray, params: np.ndarray) -> np.ndarray:
+    """Batch of independent strokes on one canvas: (B, H, W, 3)."""
+    c = torch.from_numpy(np.ascontiguousarray(canvas, dtype=np.float32)).permute(2, 0, 1)
+    with torch.no_grad():
+        out = render_batch_onto(c, torch.as_tensor(np.asarray(params, dtype=np.float32)))
+    return out.permute(0, 2, 3, 1).numpy()
+
+
+def to_uint8(img: np.ndarray) -> np.ndarray:
+    return (np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)

@@ -1,0 +1,76 @@
+"""Safe image loading: allowed roots, pixel limits, no silent mode conversion."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+from typing import Iterable
+
+from PIL import Image
+
+DEFAULT_MAX_INPUT_PIXELS = 40_000_000
+
+
+class ImageLoadError(ValueError):
+    pass
+
+
+def _inside(path: Path, roots: Iterable[Path]) -> bool:
+    for root in roots:
+        try:
+            path.relative_to(root)
+            return True
+        except ValueError:
+            continue
+    return False
+
+
+def resolve_path(path: str | Path, allowed_roots: Iterable[str | Path] | None = None, base: str | Path | None = None) -> Path:
+    """Resolve `path` (relative to `base`), refusing anything that escapes the allowed roots."""
+    p = Path(path)
+    if not p.is_absolute() and base is not None:
+        p = Path(base) / p
+    p = p.resolve()
+    if allowed_roots is not None:
+        roots = [Path(r).resolve() for r in allowed_roots]
+        if not _inside(p, roots):
+            raise ImageLoadError(f"{path} is outside the allowed roots ({', '.join(map(str, roots))})")
+    return p
+
+
+def open_image(source: str | Path | bytes, max_pixels: int = DEFAULT_MAX_INPUT_PIXELS) -> Image.Image:
+    """Open and fully decode an image, keeping its mode (an RGBA input stays RGBA)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            fp = io.BytesIO(source) if isinstance(source, (bytes, bytearray)) else source
+            img = Image.open(fp)
+            w, h = img.size
+            if w * h > max_pixels:
+                raise ImageLoadError(f"image is {w}x{h} = {w * h:,} pixels, over the {max_pixels:,}-pixel limit")
+            img.load()
+    except ImageLoadError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise ImageLoadError(f"refused a decompression bomb: {e}") from None
+    except FileNotFoundError:
+        raise ImageLoadError(f"no such image: {source}") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        raise ImageLoadError(f"cannot read image {str(source)[:80]}: {e}") from None
+    return img
+
+
+def load_image(
+    path: str | Path,
+    allowed_roots: Iterable[str | Path] | None = None,
+    base: str | Path | None = None,
+    max_pixels: int = DEFAULT_MAX_INPUT_PIXELS,
+) -> Image.Image:
+    return open_image(resolve_path(path, allowed_roots, base), max_pixels)
+
+
+def to_png_bytes(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()

@@ -1,0 +1,304 @@
+"""The text protocol between policy and environment.
+
+A reply is `<reason>…</reason>` followed by at most one `<tool_call>{"name": …, "arguments":
+{…}}</tool_call>`, or `<Terminate>` when done. `parse_reply` never raises: every way a reply
+can be malformed becomes a typed `Finding`, which the episode runner turns into an error
+observation and the rule reward turns into format scores. This is the only parser.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from toolserver.registry import openai_schemas, tool_names
+
+REASON_OPEN, REASON_CLOSE = "<reason>", "</reason>"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+TERMINATE = "<Terminate>"
+PROTOCOL_TOKENS = (REASON_OPEN, REASON_CLOSE, CALL_OPEN, CALL_CLOSE, TERMINATE)
+
+
+class FormatCheck(str, Enum):
+    """The five format checks of the paper's R_format, which each finding counts against."""
+
+    REASON = "reason"  # a valid <reason> block
+    JSON = "json"  # tool calls parse as JSON objects with a name and arguments
+    ONE_CALL = "one_call"  # at most one call per turn
+    TERMINATE = "terminate"  # termination used properly
+    CLEAN = "clean"  # no unsupported extra formatting
+
+
+class FindingCode(str, Enum):
+    EMPTY_REPLY = "empty_reply"
+    MISSING_REASON = "missing_reason"
+    EMPTY_REASON = "empty_reason"
+    UNCLOSED_REASON = "unclosed_reason"
+    MULTIPLE_REASONS = "multiple_reasons"
+    UNCLOSED_TOOL_CALL = "unclosed_tool_call"
+    STRAY_CLOSE_TAG = "stray_close_tag"
+    BAD_JSON = "bad_json"
+    CALL_NOT_OBJECT = "call_not_object"
+    MISSING_NAME = "missing_name"
+    ARGUMENTS_NOT_OBJECT = "arguments_not_object"
+    ARGUMENTS_AS_STRING = "arguments_as_string"
+    MULTIPLE_CALLS = "multiple_calls"
+    NO_ACTION = "no_action"
+    CALL_WITH_TERMINATE = "call_with_terminate"
+    MULTIPLE_TERMINATES = "multiple_terminates"
+    CODE_FENCE = "code_fence"
+    EXTRA_TEXT = "extra_text"
+
+
+_CHECK_OF: dict[FindingCode, FormatCheck] = {
+    FindingCode.EMPTY_REPLY: FormatCheck.REASON,
+    FindingCode.MISSING_REASON: FormatCheck.REASON,
+    FindingCode.EMPTY_REASON: FormatCheck.REASON,
+    FindingCode.UNCLOSED_REASON: FormatCheck.REASON,
+    FindingCode.MULTIPLE_REASONS: FormatCheck.REASON,
+    FindingCode.UNCLOSED_TOOL_CALL: FormatCheck.JSON,
+    FindingCode.STRAY_CLOSE_TAG: FormatCheck.CLEAN,
+    FindingCode.BAD_JSON: FormatCheck.JSON,
+    FindingCode.CALL_NOT_OBJECT: FormatCheck.JSON,
+    FindingCode.MISSING_NAME: FormatCheck.JSON,
+    FindingCode.ARGUMENTS_NOT_OBJECT: FormatCheck.JSON,
+    FindingCode.ARGUMENTS_AS_STRING: FormatCheck.JSON,
+    FindingCode.MULTIPLE_CALLS: FormatCheck.ONE_CALL,
+    FindingCode.NO_ACTION: FormatCheck.TERMINATE,
+    FindingCode.CALL_WITH_TERMINATE: FormatCheck.TERMINATE,
+    FindingCode.MULTIPLE_TERMINATES: FormatCheck.TERMINATE,
+    FindingCode.CODE_FENCE: FormatCheck.CLEAN,
+    FindingCode.EXTRA_TEXT: FormatCheck.CLEAN,
+}
+
+# Findings after which nothing is executed this turn.
+BLOCKING = {
+    FindingCode.EMPTY_REPLY,
+    FindingCode.UNCLOSED_TOOL_CALL,
+    FindingCode.BAD_JSON,
+    FindingCode.CALL_NOT_OBJECT,
+    FindingCode.MISSING_NAME,
+    FindingCode.ARGUMENTS_NOT_OBJECT,
+    FindingCode.MULTIPLE_CALLS,
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: FindingCode
+    message: str
+
+    @property
+    def check(self) -> FormatCheck:
+        return _CHECK_OF[self.code]
+
+    @property
+    def blocking(self) -> bool:
+        return self.code in BLOCKING
+
+    def to_dict(self) -> dict:
+        return {"code": self.code.value, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Finding":
+        return cls(FindingCode(d["code"]), d.get("message", ""))
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: Any  # a dict when well formed; kept as written otherwise, for the validator to judge
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "arguments": self.arguments}
+
+
+@dataclass
+class ParsedReply:
+    text: str
+    reason: str | None = None
+    calls: list[ToolCall] = field(default_factory=list)
+    terminate: bool = False
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def call(self) -> ToolCall | None:
+        """The call to execute this turn: exactly one, with no blocking finding."""
+        if len(self.calls) == 1 and not any(f.blocking for f in self.findings):
+            return self.calls[0]
+        return None
+
+    @property
+    def blocked(self) -> bool:
+        return any(f.blocking for f in self.findings)
+
+    def failed_checks(self) -> set[FormatCheck]:
+        return {f.check for f in self.findings}
+
+
+_REASON_RE = re.compile(r"<reason>(.*?)</reason>", re.DOTALL)
+_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_FENCE_RE = re.compile(r"```")
+
+
+def _decode_call(body: str, findings: list[Finding]) -> ToolCall | None:
+    try:
+        obj = json.loads(body.strip(), parse_constant=lambda c: float(c))
+    except (json.JSONDecodeError, RecursionError, ValueError) as e:
+        findings.append(Finding(FindingCode.BAD_JSON, f"tool call is not valid JSON: {e}"[:200]))
+        return None
+    if not isinstance(obj, dict):
+        findings.append(Finding(FindingCode.CALL_NOT_OBJECT, "tool call must be a JSON object with 'name' and 'arguments'"))
+        return None
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        findings.append(Finding(FindingCode.MISSING_NAME, "tool call has no 'name' string"))
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        # Some chat templates serialise arguments as a JSON string; accept it, but it is not our format.
+        try:
+            decoded = json.loads(args)
+        except (json.JSONDecodeError, RecursionError, ValueError):
+            decoded = None
+        if isinstance(decoded, dict):
+            findings.append(Finding(FindingCode.ARGUMENTS_AS_STRING, "'arguments' should be a JSON object, not a string"))
+            args = decoded
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        findings.append(Finding(FindingCode.ARGUMENTS_NOT_OBJECT, "'arguments' must be a JSON object"))
+        return None
+    return ToolCall(name.strip(), args)
+
+
+def parse_reply(text: Any) -> ParsedReply:
+    if not isinstance(text, str):
+        text = "" if text is None else str(text)
+    out = ParsedReply(text=text)
+    f = out.findings
+    if not text.strip():
+        f.append(Finding(FindingCode.EMPTY_REPLY, "the reply is empty"))
+        return out
+
+    reasons = _REASON_RE.findall(text)
+    if not reasons:
+        if REASON_OPEN in text:
+            f.append(Finding(FindingCode.UNCLOSED_REASON, "<reason> is not closed with </reason>"))
+        else:
+            f.append(Finding(FindingCode.MISSING_REASON, "the reply has no <reason>…</reason> block"))
+    else:
+        out.reason = reasons[0].strip()
+        if len(reasons) > 1:
+            f.append(Finding(FindingCode.MULTIPLE_REASONS, f"{len(reasons)} <reason> blocks; write one"))
+        if not out.reason:
+            f.append(Finding(FindingCode.EMPTY_REASON, "the <reason> block is empty"))
+
+    bodies = _CALL_RE.findall(text)
+    opens, closes = text.count(CALL_OPEN), text.count(CALL_CLOSE)
+    if opens > len(bodies):
+        f.append(Finding(FindingCode.UNCLOSED_TOOL_CALL, "<tool_call> is not closed with </tool_call>"))
+    elif closes > opens:
+        f.append(Finding(FindingCode.STRAY_CLOSE_TAG, "</tool_call> without a matching <tool_call>"))
+    if len(bodies) > 1:
+        f.append(Finding(FindingCode.MULTIPLE_CALLS, f"{len(bodies)} tool calls in one turn; make exactly one per turn"))
+    for body in bodies:
+        call = _decode_call(body, f)
+        if call is not None:
+            out.calls.append(call)
+
+    n_term = text.count(TERMINATE)
+    out.terminate = n_term > 0
+    if n_term > 1:
+        f.append(Finding(FindingCode.MULTIPLE_TERMINATES, "<Terminate> appears more than once"))
+    if out.terminate and bodies:
+        f.append(Finding(FindingCode.CALL_WITH_TERMINATE, "a tool call and <Terminate> in the same turn"))
+    if not bodies and not out.terminate and opens == 0:
+        f.append(Finding(FindingCode.NO_ACTION, "the reply neither calls a tool nor terminates"))
+    if _FENCE_RE.search(text):
+        f.append(Finding(FindingCode.CODE_FENCE, "code fences are not part of the protocol"))
+
+    rest = _CALL_RE.sub("", _REASON_RE.sub("", text)).replace(TERMINATE, "")
+    if rest.strip() and not any(x.code in (FindingCode.UNCLOSED_REASON, FindingCode.UNCLOSED_TOOL_CALL) for x in f):
+        f.append(Finding(FindingCode.EXTRA_TEXT, f"text outside the protocol tags: {rest.strip()[:60]!r}"))
+    return out
+
+
+def format_reply(reason: str, call: dict | ToolCall | None = None, terminate: bool = False) -> str:
+    """Render a well-formed reply (used by scripted policies and the data builder)."""
+    parts = [f"{REASON_OPEN}{reason}{REASON_CLOSE}"]
+    if call is not None:
+        d = call.to_dict() if isinstance(call, ToolCall) else call
+        parts.append(f"{CALL_OPEN}{json.dumps(d, ensure_ascii=False)}{CALL_CLOSE}")
+    if terminate:
+        parts.append(TERMINATE)
+    return "".join(parts)
+
+
+# -- observations ------------------------------------------------------------------------------
+
+
+def echo_saved(tool_text: str, asset_id: str, imglist: str) -> str:
+    return f"{tool_text}\n[Output image saved as: {asset_id}. now imglist is {imglist}]"
+
+
+def echo_plain(tool_text: str, imglist: str) -> str:
+    return f"{tool_text}\n[now imglist is {imglist}]"
+
+
+# -- system prompt -----------------------------------------------------------------------------
+
+_CHAIN_RULES = {
+    "canvasagent": (
+        "## Chain rules\n"
+        "1. To cut out an object: Grounding (get a box) -> SAM (bbox from Grounding, gives a mask such as SAM_0) "
+        "-> Extract (mask = the SAM output).\n"
+        "2. With no input image, call ImageGeneration first and use its output ID afterwards.\n"
+        "3. Overlayer with overlay_type='object' needs content = an RGBA image ID such as Extract_0.\n"
+    ),
+    "easel": (
+        "## Painting rules\n"
+        "Each brush_stroke paints one stroke on the canvas; coordinates are fractions of the canvas. "
+        "Use undo to revert the last stroke and submit when the canvas is finished.\n"
+    ),
+}
+
+_ROLE = {
+    "canvasagent": (
+        "You are a visual agent that can see images and solves image creation and editing tasks by calling tools."
+    ),
+    "easel": "You are a painting agent. You reproduce or draw images one brush stroke at a time.",
+}
+
+
+def render_tools_section(family: str = "canvasagent", names: list[str] | None = None) -> str:
+    schemas = openai_schemas(family, names)
+    return "## Tools (JSON schema)\n" + json.dumps(schemas, indent=2, ensure_ascii=False)
+
+
+def render_system_prompt(family: str = "canvasagent", names: list[str] | None = None, include_tools: bool = True) -> str:
+    """The system prompt, generated from the registry so it can never disagree with it."""
+    if family not in _ROLE:
+        raise ValueError(f"unknown tool family {family!r}")
+    parts = [_ROLE[family]]
+    if include_tools:
+        parts.append(render_tools_section(family, names))
+    parts.append(_CHAIN_RULES[family])
+    parts.append(
+        "## Assets\n"
+        "Input images are img_1, img_2, ... Each image-producing call saves its output as {Tool}_{k} "
+        "(k counts per tool from 0). Every tool reply ends with the current imglist; only IDs in it are valid.\n"
+        "## Output format\n"
+        f"Each turn: {REASON_OPEN}a brief reason{REASON_CLOSE}, then at most one "
+        f'{CALL_OPEN}{{"name": "<tool>", "arguments": {{...}}}}{CALL_CLOSE}. '
+        "Coordinates are integers in 0-1000. "
+        f"When the task is done, reply with a {REASON_OPEN}…{REASON_CLOSE} and {TERMINATE}. No code fences."
+    )
+    return "\n\n".join(parts)
+
+
+def known_tool_names(family: str = "canvasagent") -> tuple[str, ...]:
+    return tool_names(family)

@@ -1,0 +1,194 @@
+"""The record of one episode: every turn's text, call, result, error, asset IDs and timing.
+
+Everything downstream reads this object: the rule reward and judges, the CanvasCraft QC and
+writers, GRPO reward functions, evaluation tables and the UI. It serialises to
+`trajectory.json` plus one PNG per asset, and loads back with its images.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from canvasagent.assets import Asset, AssetStore, Provenance
+from canvasagent.imageio import open_image
+from canvasagent.protocol import Finding, ToolCall
+from canvasagent.tasks import Task
+from toolserver.registry import OutputKind
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Turn:
+    index: int
+    reply: str
+    reason: str | None = None
+    findings: list[Finding] = field(default_factory=list)
+    call: ToolCall | None = None  # the call that was (or would have been) executed
+    n_calls: int = 0  # calls written in the reply (more than one is a format error)
+    check: dict[str, Any] | None = None  # toolserver.validation.CallCheck.to_dict()
+    # ok: tool ran; error: tool or validation failed; parse_error: nothing executable;
+    # terminate: the policy ended the episode; no_call: neither call nor terminate.
+    status: str = "no_call"
+    error_code: str | None = None
+    error: str | None = None
+    tool_text: str | None = None
+    output_id: str | None = None
+    result_data: dict[str, Any] = field(default_factory=dict)
+    observation: str | None = None
+    imglist: list[str] = field(default_factory=list)  # after this turn
+    plumbing_only: bool = False
+    policy_s: float = 0.0
+    tool_s: float = 0.0
+
+    @property
+    def terminated(self) -> bool:
+        return self.status == "terminate"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "reply": self.reply,
+            "reason": self.reason,
+            "findings": [f.to_dict() for f in self.findings],
+            "call": self.call.to_dict() if self.call else None,
+            "n_calls": self.n_calls,
+            "check": self.check,
+            "status": self.status,
+            "error_code": self.error_code,
+            "error": self.error,
+            "tool_text": self.tool_text,
+            "output_id": self.output_id,
+            "result_data": self.result_data,
+            "observation": self.observation,
+            "imglist": self.imglist,
+            "plumbing_only": self.plumbing_only,
+            "policy_s": self.policy_s,
+            "tool_s": self.tool_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Turn":
+        call = d.get("call")
+        return cls(
+            index=d["index"],
+            reply=d.get("reply", ""),
+            reason=d.get("reason"),
+            findings=[Finding.from_dict(x) for x in d.get("findings", [])],
+            call=ToolCall(call["name"], call.get("arguments")) if call else None,
+            n_calls=d.get("n_calls", 1 if call else 0),
+            check=d.get("check"),
+            status=d.get("status", "no_call"),
+            error_code=d.get("error_code"),
+            error=d.get("error"),
+            tool_text=d.get("tool_text"),
+            output_id=d.get("output_id"),
+            result_data=d.get("result_data") or {},
+            observation=d.get("observation"),
+            imglist=list(d.get("imglist") or []),
+            plumbing_only=bool(d.get("plumbing_only", False)),
+            policy_s=float(d.get("policy_s", 0.0)),
+            tool_s=float(d.get("tool_s", 0.0)),
+        )
+
+
+@dataclass
+class Trajectory:
+    task: Task
+    assets: AssetStore
+    turns: list[Turn] = field(default_factory=list)
+    stop_reason: str = "running"  # terminate | max_turns | policy_error | interrupted | submit
+    system_prompt: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -- views used by rewards, QC and reports ---------------------------------------------------
+    @property
+    def terminated(self) -> bool:
+        return self.stop_reason in ("terminate", "submit")
+
+    @property
+    def calls(self) -> list[Turn]:
+        """Turns in which the policy wrote at least one tool call."""
+        return [t for t in self.turns if t.n_calls > 0]
+
+    @property
+    def tool_sequence(self) -> list[str]:
+        return [t.call.name for t in self.turns if t.call is not None]
+
+    def final_asset(self) -> Asset | None:
+        return self.assets.last_produced()
+
+    @property
+    def final_asset_id(self) -> str | None:
+        a = self.final_asset()
+        return a.id if a else None
+
+    @property
+    def plumbing_only(self) -> bool:
+        return any(t.plumbing_only for t in self.turns)
+
+    # -- serialisation ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "task": self.task.to_dict(),
+            "system_prompt": self.system_prompt,
+            "stop_reason": self.stop_reason,
+            "final_asset_id": self.final_asset_id,
+            "turns": [t.to_dict() for t in self.turns],
+            "assets": [
+                {
+                    "id": a.id,
+                    "kind": a.kind.value,
+                    "mode": a.image.mode,
+                    "size": list(a.size),
+                    "file": f"assets/{a.id}.png",
+                    "provenance": a.provenance.to_dict(),
+                    "plumbing_only": a.plumbing_only,
+                }
+                for a in self.assets
+            ],
+            "meta": self.meta,
+        }
+
+    def save(self, out_dir: str | Path) -> Path:
+        out = Path(out_dir)
+        (out / "assets").mkdir(parents=True, exist_ok=True)
+        for a in self.assets:
+            a.image.save(out / "assets" / f"{a.id}.png")
+        path = out / "trajectory.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=str))
+        tmp.replace(path)  # atomic: a reader never sees half a trajectory
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trajectory":
+        p = Path(path)
+        if p.is_dir():
+            p = p / "trajectory.json"
+        d = json.loads(p.read_text())
+        store = AssetStore()
+        inputs = []
+        for a in d.get("assets", []):
+            img = open_image(p.parent / a["file"])
+            prov = Provenance.from_dict(a.get("provenance") or {})
+            if prov.tool is None:
+                store.add_input(img, a["id"])
+                inputs.append(img)
+            else:
+                asset = store.register_output(prov.tool, img, OutputKind(a["kind"]), prov, a.get("plumbing_only", False))
+                if asset.id != a["id"]:
+                    raise ValueError(f"asset order in {p} is inconsistent: {asset.id} != {a['id']}")
+        task = Task.from_dict(d.get("task") or {}, inputs)
+        return cls(
+            task=task,
+            assets=store,
+            turns=[Turn.from_dict(t) for t in d.get("turns", [])],
+            stop_reason=d.get("stop_reason", "running"),
+            system_prompt=d.get("system_prompt", ""),
+            meta=d.get("meta") or {},
+        )

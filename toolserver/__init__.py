@@ -1,0 +1,1 @@
+"""The visual toolbox: the tool registry, tool implementations, model backends and serving."""

@@ -1,0 +1,143 @@
+"""The toolbox interface the episode runner uses, and its in-process implementation.
+
+Whether tools run in this process, behind a Ray Serve handle or over HTTP, the runner sees
+`Toolbox.call(request) -> ToolResult`. A failing tool becomes a failed `ToolResult`, never an
+exception in the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from PIL import Image
+
+from toolserver.backends import BackendFn, build_backend
+from toolserver.registry import REGISTRY, Backend, OutputKind
+from toolserver.request import ToolRequest
+from toolserver.results import ToolError, ToolResult
+from toolserver.tools.pure import PURE_TOOLS
+from toolserver.validation import Profile
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_PIXELS = 40_000_000  # about 6300 x 6300: beyond any real tool input, short of a bomb
+
+
+class Toolbox(Protocol):
+    profile: Profile
+
+    def call(self, request: ToolRequest) -> ToolResult: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RecordedOutput:
+    """A tool result recorded in a trajectory, for replaying model-backed tools without models."""
+
+    text: str
+    image: Image.Image | None = None
+    ok: bool = True
+
+
+def _output_kind(tool: str, image: Image.Image | None) -> OutputKind:
+    declared = REGISTRY[tool].output
+    if image is not None and declared is OutputKind.IMAGE and image.mode == "RGBA":
+        return OutputKind.RGBA
+    return declared
+
+
+@dataclass
+class LocalToolbox:
+    """Runs pure tools in-process and model tools through configured backends."""
+
+    profile: Profile = Profile.CANVASCRAFT
+    backends: dict[str, BackendFn] = field(default_factory=dict)
+    max_output_pixels: int = DEFAULT_MAX_PIXELS
+    # Per-tool queues of recorded outputs (replay); used before a live backend.
+    recorded: dict[str, deque[RecordedOutput]] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "LocalToolbox":
+        """Build from a `canvasagent.config.ToolsConfig` (duck-typed to avoid an import cycle)."""
+        backends: dict[str, BackendFn] = {}
+        for tool, bcfg in (cfg.backends or {}).items():
+            if tool not in REGISTRY:
+                raise ValueError(f"tools config names unknown tool {tool!r}")
+            if bcfg.name in (None, "", "none"):
+                continue
+            backends[tool] = _LazyBackend(bcfg.name, dict(bcfg.params or {}))
+        return cls(profile=Profile(cfg.profile), backends=backends, max_output_pixels=cfg.max_pixels)
+
+    def add_recorded(self, tool: str, output: RecordedOutput) -> None:
+        self.recorded.setdefault(tool, deque()).append(output)
+
+    def call(self, request: ToolRequest) -> ToolResult:
+        t0 = time.perf_counter()
+        result = self._dispatch(request)
+        result.elapsed_s = time.perf_counter() - t0
+        if result.ok and result.image is not None and result.image.width * result.image.height > self.max_output_pixels:
+            return ToolResult.failure(
+                "output_too_large",
+                f"{request.tool} produced {result.image.width}x{result.image.height}, over the "
+                f"{self.max_output_pixels:,}-pixel limit",
+            )
+        return result
+
+    def _dispatch(self, request: ToolRequest) -> ToolResult:
+        spec = REGISTRY.get(request.tool)
+        if spec is None:
+            return ToolResult.failure("unknown_tool", f"unknown tool {request.tool!r}")
+        queue = self.recorded.get(request.tool)
+        if queue:
+            rec = queue.popleft()
+            if not rec.ok:
+                return ToolResult.failure("recorded_failure", rec.text, backend="recorded")
+            return ToolResult(True, rec.text, _output_kind(request.tool, rec.image), rec.image, backend="recorded")
+        try:
+            if spec.backend is Backend.PURE:
+                return PURE_TOOLS[spec.name](request)
+            backend = self.backends.get(spec.name)
+            if backend is None:
+                return ToolResult.failure(
+                    "backend_not_configured",
+                    f"{spec.name} needs a model backend and none is configured in the tools config "
+                    f"(set backends.{spec.name} in configs/tools/*.yaml)",
+                )
+            return backend(request)
+        except ToolError as e:
+            return ToolResult.failure(e.code, e.message)
+        except Exception as e:  # a backend bug must not kill a rollout; it becomes an observation
+            log.exception("tool %s raised", request.tool)
+            return ToolResult.failure("tool_exception", f"{request.tool} failed: {type(e).__name__}: {e}")
+
+    def close(self) -> None:
+        for b in self.backends.values():
+            close = getattr(b, "close", None)
+            if callable(close):
+                close()
+
+
+class _LazyBackend:
+    """Loads a model backend on first use, so listing tools or running pure ones stays cheap."""
+
+    def __init__(self, name: str, params: dict[str, Any]):
+        self.name, self.params = name, params
+        self._fn: BackendFn | None = None
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        if self._fn is None:
+            self._fn = build_backend(self.name, self.params)
+        result = self._fn(request)
+        if result.plumbing_only:
+            log.warning("%s result comes from the random-weight %r backend: plumbing only, not a real result", request.tool, self.name)
+        return result
+
+    def close(self) -> None:
+        close = getattr(self._fn, "close", None)
+        if callable(close):
+            close()

@@ -1,0 +1,1 @@
+"""Tool implementations. Pure tools live here; model-backed tools live in toolserver.backends."""
