@@ -367,7 +367,10 @@ def load_processor(
                 f"is unavailable ({exc}); the image-only fallback supports only {sorted(_QWEN3_VL_MODEL_TYPES)}. "
                 "Install a torchvision build matching torch."
             ) from exc
-        logger.info("AutoProcessor needs torchvision (%s); using the image-only Qwen3-VL processor", exc)
+        logger.info(
+            "AutoProcessor needs torchvision (%s); using the image-only Qwen3-VL processor",
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+        )
         try:
             processor = _image_only_processor_class().from_pretrained(source.ref, **processor_kwargs)
         except Exception as exc2:

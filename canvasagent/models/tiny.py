@@ -40,31 +40,7 @@ from canvasagent.models.special_tokens import (
 
 logger = logging.getLogger(__name__)
 
-#: Tool names of the CanvasCraft toolbox; they get dedicated merges in the tiny tokenizer.
-TOOL_NAMES: tuple[str, ...] = (
-    "ImageGeneration",
-    "ImageEdit",
-    "Grounding",
-    "SAM",
-    "Extract",
-    "Overlayer",
-    "Crop",
-    "OCR",
-    "Rotate",
-    "Flip",
-    "SR",
-    "brush_stroke",
-    "undo",
-    "submit",
-)
-
-# Argument names and words that plausibly occur in prompts, tool schemas and tool responses.
-_ARG_NAMES = (
-    "image", "image_id", "asset_id", "prompt", "instruction", "text", "query", "bbox", "box", "boxes",
-    "mask", "points", "label", "angle", "direction", "scale", "factor", "x", "y", "x1", "y1", "x2", "y2",
-    "width", "height", "color", "radius", "size", "position", "opacity", "source", "target",
-    "background", "foreground", "language", "answer", "score",
-)
+# Generic words for free-text arguments and reasons (instructions, object names, colours...).
 _WORDS = (
     "the a an of to in on at and or with from by is are be this that it its into onto over under "
     "image picture photo canvas asset tool call reason response result output input edit generate "
@@ -74,18 +50,14 @@ _WORDS = (
     "object region area mask segment box boundary background foreground overlay paste extract "
     "detect find locate ground read recognize upscale enhance resolution super stroke brush draw "
     "undo submit finish done terminate stop first then next finally because so need should will "
-    "user assistant system You are a helpful visual agent that uses tools to edit images "
-    "Use Call Return Args Returns The new id ids list imglist available current step turn "
-    "error invalid missing unknown failed success ok string integer number boolean array object "
-    "type function name arguments description parameters properties required degrees pixels"
+    "Make Add Remove Replace Change Put Create Draw Cut Move Turn Rotate Crop Flip Read "
+    "error invalid missing unknown failed success ok"
 ).split()
-
-
 @dataclass(frozen=True)
 class TinyQwen3VLSpec:
     """Sizes of the tiny model. Defaults give ~0.4M parameters and build in seconds on one core."""
 
-    bpe_vocab_size: int = 2048  # BPE target before added tokens; the trainer may stop earlier
+    bpe_vocab_size: int = 4096  # BPE target before added tokens; the trainer may stop earlier
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 2
@@ -126,54 +98,61 @@ class TinyQwen3VLSpec:
 # --------------------------------------------------------------------------------------------
 
 
-def _tool_schema(name: str, args: list[str]) -> dict:
-    # Same shape TRL/transformers produce from a Python function (get_json_schema).
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": f"Apply {name} to an image asset and return the new asset id.",
-            "parameters": {
-                "type": "object",
-                "properties": {a: {"type": "string", "description": f"The {a}."} for a in args},
-                "required": args[:1],
-            },
-        },
-    }
+def _arg_value(arg, rng: random.Random, assets: list[str]):
+    """A plausible value for a registry argument, in the shapes the policy will emit."""
+    from toolserver.registry import ArgType
+
+    if arg.type is ArgType.ASSET:
+        return rng.choice(assets)
+    if arg.type is ArgType.BBOX:
+        box = sorted(rng.sample(range(0, 1001), 4))
+        return [box[0], box[1], box[2], box[3]] if rng.random() < 0.7 else str([box[0], box[1], box[2], box[3]])
+    if arg.type is ArgType.POSITION:
+        return [rng.randint(0, 1000), rng.randint(0, 1000)]
+    if arg.type is ArgType.CHOICE and arg.choices:
+        return rng.choice(list(arg.choices))
+    if arg.type is ArgType.UNIT:
+        return round(rng.random(), rng.choice((1, 2)))
+    return " ".join(rng.choices(_WORDS, k=rng.randint(2, 10)))
 
 
 def protocol_corpus(extra: tuple[str, ...] = ()) -> Iterator[str]:
-    """Deterministic training text for the tiny tokenizer: protocol turns, schemas, responses."""
+    """Deterministic training text for the tiny tokenizer, generated from the live protocol.
+
+    It is rendered from the tool registry and :mod:`canvasagent.protocol` (system prompts, tool
+    schemas, well-formed replies, tool observations) plus the chat template's own text, so the BPE
+    learns merges for exactly what training sequences contain; this keeps them short on CPU.
+    """
+    from canvasagent import protocol
+    from toolserver.registry import openai_schemas, tools
+
     rng = random.Random(20240607)  # fixed: the tokenizer must not depend on the model seed
-    template_text = (resources.files("trl") / "chat_templates" / "qwen3_vl.jinja").read_text(encoding="utf-8")
-    # The static system text of the template (tool preamble) is rendered into every tool prompt.
-    yield from [template_text] * 4
-    prefixes = ["img", "asset", *TOOL_NAMES]
-    for i in range(600):
-        tool = TOOL_NAMES[i % len(TOOL_NAMES)]
-        args = rng.sample(_ARG_NAMES, k=rng.randint(1, 4))
-        asset = f"{rng.choice(prefixes)}_{rng.randint(0, 12)}"
-        values: dict[str, object] = {}
-        for a in args:
-            kind = rng.random()
-            if kind < 0.3:
-                values[a] = asset
-            elif kind < 0.6:
-                values[a] = [rng.randint(0, 1024) for _ in range(rng.choice((2, 4)))]
-            elif kind < 0.8:
-                values[a] = round(rng.uniform(-360, 360), rng.choice((0, 1, 2)))
-            else:
-                values[a] = " ".join(rng.choices(_WORDS, k=rng.randint(1, 6)))
-        call = json.dumps({"name": tool, "arguments": values})
-        words = " ".join(rng.choices(_WORDS, k=rng.randint(4, 16)))
-        new_asset = f"{tool}_{rng.randint(0, 9)}"
-        imglist = json.dumps([f"img_{k}" for k in range(rng.randint(1, 4))] + [new_asset])
-        yield f"{PROTOCOL_TOKENS[0]}{words}{PROTOCOL_TOKENS[1]}\n{PROTOCOL_TOKENS[2]}\n{call}\n{PROTOCOL_TOKENS[3]}"
-        yield f"<tool_response>\n{new_asset} created. imglist: {imglist}\n</tool_response>"
-        yield f"reason tool_call tool_response {words}. {PROTOCOL_TOKENS[4]} submit {asset}"
-        yield json.dumps(_tool_schema(tool, args))
-        yield f"Error: invalid arguments for {tool}: {json.dumps(values)}"
-        yield " ".join(str(rng.randint(0, 10 ** rng.randint(1, 4))) for _ in range(8)) + " 0123456789 -0.5 1.25"
+    families = sorted({t.family for t in tools(None)})
+    # System prompts and schemas appear in every training sample: repeat them so all their
+    # frequent pairs get merged (BPE cannot merge across pre-tokens, so this reaches the floor).
+    for _ in range(8):
+        yield qwen3_vl_chat_template()
+        for family in families:
+            yield protocol.render_system_prompt(family)
+            yield protocol.render_system_prompt(family, include_tools=False)
+            for schema in openai_schemas(family):
+                yield json.dumps(schema, ensure_ascii=False)  # the chat template's `tojson` layout
+    all_tools = tools(None)
+    for i in range(1200):
+        spec = all_tools[i % len(all_tools)]
+        assets = [f"img_{k}" for k in range(1, rng.randint(2, 4))]
+        assets += [f"{t.name}_{rng.randint(0, 3)}" for t in rng.sample(all_tools, k=rng.randint(0, 3))]
+        args = {a.name: _arg_value(a, rng, assets) for a in spec.args if a.required or rng.random() < 0.5}
+        reason = " ".join(rng.choices(_WORDS, k=rng.randint(3, 14)))
+        call = {"name": spec.name, "arguments": args}
+        yield protocol.format_reply(reason, call)
+        yield protocol.format_reply(reason, terminate=True)
+        imglist = "{" + ", ".join(assets) + "}"
+        new_id = f"{spec.name}_{rng.randint(0, 3)}"
+        tool_text = f"{spec.name} done." if rng.random() < 0.5 else f"Error: {reason}"
+        yield protocol.echo_saved(tool_text, new_id, imglist)
+        yield protocol.echo_plain(tool_text, imglist)
+        yield " ".join(str(rng.randint(0, 10 ** rng.randint(1, 4))) for _ in range(8))
     yield from extra
 
 
@@ -195,7 +174,8 @@ def _train_bpe(spec: TinyQwen3VLSpec):
     trainer = trainers.BpeTrainer(
         vocab_size=spec.bpe_vocab_size,
         min_frequency=2,
-        special_tokens=[PAD_TOKEN],  # id 0, as in Qwen's vocabulary
+        # Reserve Qwen's control tokens first so they get small, stable ids (0..7) in Qwen's order.
+        special_tokens=list(QWEN_SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte encodable: no UNK ever
         show_progress=False,
     )
@@ -221,10 +201,11 @@ def build_tiny_tokenizer(spec: TinyQwen3VLSpec | None = None):
         errors="replace",
         model_max_length=spec.model_max_length,
     )
-    # Special (skipped by skip_special_tokens=True), in Qwen's order so ids are stable.
-    tokenizer.add_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL_TOKENS if t != PAD_TOKEN],
-        special_tokens=True,
+    # Special (skipped by skip_special_tokens=True). They are already in the vocabulary; listing
+    # them as additional special tokens (as Qwen's tokenizer_config does) makes them matched
+    # before BPE, never split, and visible in ``all_special_tokens`` like on real checkpoints.
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": [t for t in QWEN_SPECIAL_TOKENS if t != PAD_TOKEN]}
     )
     # Not special: they must survive decoding of generated text (TRL decodes with skip_special_tokens).
     tokenizer.add_tokens(
