@@ -1,0 +1,1 @@
+"""Readers and writers for trajectory formats (ours and the public CanvasAgent ones)."""

@@ -1,0 +1,199 @@
+"""The public ShareGPT trajectory format (CanvasCraft-SFT, LLaMA-Factory style).
+
+A record is `{"messages": [{"role": system|user|assistant|tool, "content": str}, ...],
+"images": [path, ...]}`. Each `<image>` placeholder consumes the next path in `images`: the
+user turn's placeholders are the inputs (img_1, img_2, ...), and a tool turn's placeholder is
+the image that tool produced. The older `{"from": human|gpt|observation, "value": ...}`
+spelling is accepted too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from PIL import Image
+
+from canvasagent.imageio import DEFAULT_MAX_INPUT_PIXELS, load_image
+from canvasagent.tasks import Task
+from canvasagent.trajectory import Trajectory
+
+IMAGE_TOKEN = "<image>"
+_ROLE_ALIASES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "observation": "tool",
+    "tool": "tool",
+    "function": "tool",
+    "system": "system",
+}
+_ECHO_RE = re.compile(r"\n?\[(?:Output image saved as: [^.\]]+\. )?now imglist is \{[^}]*\}\]\s*$")
+_LABEL_RE = re.compile(r"\bimg_\d+:\s*")
+
+
+class FormatError(ValueError):
+    pass
+
+
+@dataclass
+class RecordedToolTurn:
+    text: str  # the tool's own text, imglist echo removed
+    full_text: str  # as recorded, echo included
+    images: list[Image.Image] = field(default_factory=list)
+
+
+@dataclass
+class PublicTrajectory:
+    task: Task
+    system: str | None
+    replies: list[str]  # assistant turns in order
+    tool_turns: list[RecordedToolTurn | None]  # the tool reply after each assistant turn (None if absent)
+
+
+def _norm_messages(record: dict[str, Any]) -> list[dict[str, str]]:
+    raw = record.get("messages") or record.get("conversations")
+    if not isinstance(raw, list) or not raw:
+        raise FormatError("record has no 'messages' list")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise FormatError(f"message {i} is not an object")
+        role = m.get("role", m.get("from"))
+        content = m.get("content", m.get("value", ""))
+        if role not in _ROLE_ALIASES:
+            raise FormatError(f"message {i} has unknown role {role!r}")
+        if isinstance(content, list):  # OpenAI-style parts: keep text, count images as placeholders
+            content = "".join(p.get("text", "") if p.get("type") == "text" else IMAGE_TOKEN for p in content)
+        if not isinstance(content, str):
+            raise FormatError(f"message {i} content must be text")
+        out.append({"role": _ROLE_ALIASES[role], "content": content})
+    if record.get("system") and out[0]["role"] != "system":
+        out.insert(0, {"role": "system", "content": str(record["system"])})
+    return out
+
+
+def strip_echo(text: str) -> str:
+    return _ECHO_RE.sub("", text).strip()
+
+
+def read_record(
+    record: dict[str, Any],
+    base_dir: str | Path = ".",
+    allowed_roots: Iterable[str | Path] | None = None,
+    max_pixels: int = DEFAULT_MAX_INPUT_PIXELS,
+    input_overrides: dict[int, Image.Image] | None = None,
+) -> PublicTrajectory:
+    """Parse one public record into a task, the assistant replies and the recorded tool turns."""
+    msgs = _norm_messages(record)
+    paths = list(record.get("images") or [])
+    cursor = 0
+
+    def take(n: int, where: str) -> list[Image.Image]:
+        nonlocal cursor
+        if cursor + n > len(paths):
+            raise FormatError(f"{where} has {n} <image> placeholders but only {len(paths) - cursor} images remain")
+        imgs = [load_image(p, allowed_roots, base_dir, max_pixels) for p in paths[cursor : cursor + n]]
+        cursor += n
+        return imgs
+
+    system = next((m["content"] for m in msgs if m["role"] == "system"), None)
+    users = [i for i, m in enumerate(msgs) if m["role"] == "user"]
+    if not users:
+        raise FormatError("record has no user message")
+    user = msgs[users[0]]["content"]
+    n_inputs = user.count(IMAGE_TOKEN)
+    overrides = input_overrides or {}
+    if overrides:
+        cursor += n_inputs  # keep the image cursor aligned even though the files are not read
+        inputs = [overrides.get(i + 1) for i in range(n_inputs)]
+        if any(x is None for x in inputs) or len(overrides) != n_inputs:
+            raise FormatError(f"the record has {n_inputs} input images; give all of them (img_1..img_{n_inputs})")
+    else:
+        inputs = take(n_inputs, "the user turn")
+    instruction = _LABEL_RE.sub("", user.replace(IMAGE_TOKEN, "")).strip()
+
+    replies: list[str] = []
+    tool_turns: list[RecordedToolTurn | None] = []
+    for m in msgs[users[0] + 1 :]:
+        if m["role"] == "assistant":
+            replies.append(m["content"])
+            tool_turns.append(None)
+        elif m["role"] == "tool":
+            if not replies:
+                raise FormatError("a tool turn comes before any assistant turn")
+            n = m["content"].count(IMAGE_TOKEN)
+            text = m["content"].replace(IMAGE_TOKEN, "").strip()
+            tool_turns[-1] = RecordedToolTurn(strip_echo(text), text, take(n, f"tool turn {len(replies)}"))
+    extra = record.get("extra_info") or {}
+    task = Task(
+        instruction=instruction,
+        images=list(inputs),  # type: ignore[arg-type]
+        id=str(extra.get("id", record.get("id", "sharegpt"))),
+        expected_tools=list(record.get("path") or []),
+    )
+    return PublicTrajectory(task, system, replies, tool_turns)
+
+
+def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Records from a .json (one record or a list) or .jsonl file."""
+    p = Path(path)
+    text = p.read_text()
+    if p.suffix == ".jsonl":
+        for line_no, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise FormatError(f"{p}:{line_no}: {e}") from None
+        return
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{p}: {e}") from None
+    if isinstance(data, dict):
+        yield data
+    elif isinstance(data, list):
+        yield from data
+    else:
+        raise FormatError(f"{p}: expected a record or a list of records")
+
+
+def is_sharegpt(data: Any) -> bool:
+    rec = data[0] if isinstance(data, list) and data else data
+    return isinstance(rec, dict) and ("messages" in rec or "conversations" in rec) and "turns" not in rec
+
+
+def to_record(traj: Trajectory, image_dir: str | Path, image_prefix: str | None = None) -> dict[str, Any]:
+    """Write a trajectory as a public ShareGPT record; images are saved under `image_dir`.
+
+    `image_prefix` is how the paths are written into the record (default: `image_dir` itself).
+    """
+    image_dir = Path(image_dir)
+    image_dir.mkdir(parents=True, exist_ok=True)
+    prefix = str(image_dir) if image_prefix is None else image_prefix
+    images: list[str] = []
+
+    def save(asset_id: str) -> None:
+        fname = f"{traj.task.id}_{asset_id}.png"
+        traj.assets.get(asset_id).image.save(image_dir / fname)
+        images.append(f"{prefix}/{fname}" if prefix else fname)
+
+    input_ids = traj.assets.input_ids()
+    user = "".join(f"{aid}: {IMAGE_TOKEN}\n" for aid in input_ids) + traj.task.instruction
+    for aid in input_ids:
+        save(aid)
+    messages = [{"role": "system", "content": traj.system_prompt}, {"role": "user", "content": user}]
+    for turn in traj.turns:
+        messages.append({"role": "assistant", "content": turn.reply})
+        if turn.observation is not None:
+            content = turn.observation
+            if turn.output_id is not None:
+                save(turn.output_id)
+                content = IMAGE_TOKEN + content
+            messages.append({"role": "tool", "content": content})
+    return {"messages": messages, "images": images}
