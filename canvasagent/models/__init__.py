@@ -1,27 +1,45 @@
 """Policy models: the tiny offline Qwen3-VL builder and the shared model/processor loaders.
 
-Heavy imports (torch, transformers) happen inside the functions, so importing this package is cheap.
+Names are resolved lazily (PEP 562) so that ``from canvasagent.models.special_tokens import ...``
+or ``from canvasagent.models import PROTOCOL_TOKENS`` does not import torch or transformers.
 """
 
-from canvasagent.models.loading import (
-    ModelUnavailableError,
-    ensure_token_capacity,
-    force_torch_image_outputs,
-    load_policy,
-    load_processor,
-)
-from canvasagent.models.special_tokens import PROTOCOL_TOKENS, add_protocol_tokens
-from canvasagent.models.tiny import TinyQwen3VLSpec, build_tiny_qwen3vl, build_tiny_tokenizer
+from __future__ import annotations
 
-__all__ = [
-    "PROTOCOL_TOKENS",
-    "ModelUnavailableError",
-    "TinyQwen3VLSpec",
-    "add_protocol_tokens",
-    "build_tiny_qwen3vl",
-    "build_tiny_tokenizer",
-    "ensure_token_capacity",
-    "force_torch_image_outputs",
-    "load_policy",
-    "load_processor",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "ModelUnavailableError": "canvasagent.models.loading",
+    "ensure_token_capacity": "canvasagent.models.loading",
+    "force_torch_image_outputs": "canvasagent.models.loading",
+    "load_policy": "canvasagent.models.loading",
+    "load_processor": "canvasagent.models.loading",
+    "PROTOCOL_TOKENS": "canvasagent.models.special_tokens",
+    "add_protocol_tokens": "canvasagent.models.special_tokens",
+    "TinyQwen3VLSpec": "canvasagent.models.tiny",
+    "build_tiny_qwen3vl": "canvasagent.models.tiny",
+    "build_tiny_tokenizer": "canvasagent.models.tiny",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # for type checkers and IDEs
+    from canvasagent.models.loading import (
+        ModelUnavailableError,
+        ensure_token_capacity,
+        force_torch_image_outputs,
+        load_policy,
+        load_processor,
+    )
+    from canvasagent.models.special_tokens import PROTOCOL_TOKENS, add_protocol_tokens
+    from canvasagent.models.tiny import TinyQwen3VLSpec, build_tiny_qwen3vl, build_tiny_tokenizer
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # cache: later lookups skip __getattr__
+    return value

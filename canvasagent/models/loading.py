@@ -23,26 +23,27 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from canvasagent.models.special_tokens import add_protocol_tokens
+
+if TYPE_CHECKING:  # torch/transformers are imported lazily: importing this module stays cheap
+    import torch
 
 logger = logging.getLogger(__name__)
 
 #: Model types whose processor we know how to rebuild without the video processor.
 _QWEN3_VL_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_vl_moe"})
 
-_DTYPE_ALIASES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
+_DTYPE_ALIASES: dict[str, str] = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
 }
 
 
@@ -145,6 +146,8 @@ def _is_resolution_error(exc: BaseException) -> bool:
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None) -> str | torch.dtype | None:
+    import torch
+
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     key = str(dtype).strip().lower().removeprefix("torch.")
@@ -152,7 +155,7 @@ def _resolve_dtype(dtype: str | torch.dtype | None) -> str | torch.dtype | None:
         return "auto"
     if key not in _DTYPE_ALIASES:
         raise ValueError(f"Unknown dtype {dtype!r}; use 'auto' or one of {sorted(_DTYPE_ALIASES)}")
-    return _DTYPE_ALIASES[key]
+    return getattr(torch, _DTYPE_ALIASES[key])
 
 
 def load_policy(
@@ -270,12 +273,17 @@ def _image_only_processor_class():
             out["processor_class"] = "Qwen3VLProcessor"
             return out
 
+    # Make it importable by name (module __getattr__ below) so processors pickle: datasets
+    # hashes/ships them to worker processes.
+    Qwen3VLImageOnlyProcessor.__module__ = __name__
+    Qwen3VLImageOnlyProcessor.__qualname__ = "Qwen3VLImageOnlyProcessor"
     _IMAGE_ONLY_CLS = Qwen3VLImageOnlyProcessor
     return _IMAGE_ONLY_CLS
 
 
 _IMAGE_ONLY_CLS = None
 _TORCH_OUTPUT_CLASSES: dict[type, type] = {}
+_TORCH_SUFFIX = "WithTorchOutputs"
 
 
 class _TorchOutputsByDefault:
@@ -298,23 +306,39 @@ def force_torch_image_outputs(image_processor):
 
     Torchvision-backend processors already return tensors and are left alone. We swap the
     instance's class for a cached subclass rather than wrapping methods on the instance, because
-    instance-level functions would end up in ``to_dict``/``save_pretrained``.
+    instance-level functions would end up in ``to_dict``/``save_pretrained`` and break pickling.
     """
     from transformers.image_processing_backends import PilBackend
 
     cls = type(image_processor)
     if not isinstance(image_processor, PilBackend) or issubclass(cls, _TorchOutputsByDefault):
         return image_processor
-    patched = _TORCH_OUTPUT_CLASSES.get(cls)
-    if patched is None:
-        patched = type(
-            cls.__name__,  # same name: logs and reprs stay familiar
-            (_TorchOutputsByDefault, cls),
-            {"_canvasagent_base_name": cls.__name__, "__module__": cls.__module__},
-        )
-        _TORCH_OUTPUT_CLASSES[cls] = patched
-    image_processor.__class__ = patched
+    image_processor.__class__ = _torch_output_class(cls)
     return image_processor
+
+
+def _torch_output_class(base: type) -> type:
+    patched = _TORCH_OUTPUT_CLASSES.get(base)
+    if patched is None:
+        name = base.__name__ + _TORCH_SUFFIX
+        patched = type(name, (_TorchOutputsByDefault, base), {"_canvasagent_base_name": base.__name__})
+        # Importable by name through this module's __getattr__, so instances pickle.
+        patched.__module__, patched.__qualname__ = __name__, name
+        _TORCH_OUTPUT_CLASSES[base] = patched
+    return patched
+
+
+def __getattr__(name: str):
+    """Resolve the lazily built classes by name (PEP 562); pickle looks them up this way."""
+    if name == "Qwen3VLImageOnlyProcessor":
+        return _image_only_processor_class()
+    if name.endswith(_TORCH_SUFFIX):
+        import transformers
+
+        base = getattr(transformers, name[: -len(_TORCH_SUFFIX)], None)
+        if isinstance(base, type):
+            return _torch_output_class(base)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _needs_video_fallback(exc: BaseException) -> bool:

@@ -33,7 +33,6 @@ from typing import Iterator
 from canvasagent.models.special_tokens import (
     EOS_TOKEN,
     PAD_TOKEN,
-    PROTOCOL_TOKENS,
     QWEN_SPECIAL_TOKENS,
     non_special_added_tokens,
 )

@@ -51,7 +51,10 @@ def _tool_conversation() -> list[dict]:
         {
             "role": "tool",
             "name": "Crop",
-            "content": [{"type": "image", "image": _image((30, 200, 30), (48, 64))}, {"type": "text", "text": "imglist: [img_0, Crop_0]"}],
+            "content": [
+                {"type": "image", "image": _image((30, 200, 30), (48, 64))},
+                {"type": "text", "text": "imglist: [img_0, Crop_0]"},
+            ],
         },
         {"role": "assistant", "content": [{"type": "text", "text": "<reason>Done.</reason><Terminate>"}]},
     ]
@@ -90,7 +93,10 @@ def test_special_tokens_single_ids_and_roundtrip(processor):
         assert len(tok.encode(t, add_special_tokens=False)) == 1
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
 
-    text = '<reason>Crop the red cat</reason>\n<tool_call>\n{"name": "Crop", "arguments": {"image": "img_1", "bbox": [10, 20, 300, 400]}}\n</tool_call>'
+    text = (
+        "<reason>Crop the red cat</reason>\n<tool_call>\n"
+        '{"name": "Crop", "arguments": {"image": "img_1", "bbox": [10, 20, 300, 400]}}\n</tool_call>'
+    )
     enc = tok.encode(text + "<|im_end|>" + "<Terminate>", add_special_tokens=False)
     # Protocol tokens are not special: they survive skip_special_tokens=True (TRL decodes that way).
     assert tok.decode(enc, skip_special_tokens=True) == text + "<Terminate>"
@@ -106,11 +112,16 @@ def test_chat_template_renders_multiturn_tool_conversation(processor):
     text = processor.apply_chat_template(_tool_conversation(), tools=tools, tokenize=False)
     assert text.startswith("<|im_start|>system\nYou are a visual editing agent.\n\n# Tools")
     assert '<tool_call>\n{"name": "Crop", "arguments": {"image": "img_0", "bbox": [0, 0, 48, 64]}}\n</tool_call>' in text
-    assert "<|im_start|>user\n<tool_response>\n<|vision_start|><|image_pad|><|vision_end|>imglist: [img_0, Crop_0]\n</tool_response><|im_end|>" in text
+    assert (
+        "<|im_start|>user\n<tool_response>\n<|vision_start|><|image_pad|><|vision_end|>"
+        "imglist: [img_0, Crop_0]\n</tool_response><|im_end|>"
+    ) in text
     assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 2
     assert text.endswith("<|im_start|>assistant\n<reason>Done.</reason><Terminate><|im_end|>\n")
 
-    enc = processor.apply_chat_template(_tool_conversation(), tools=tools, tokenize=True, return_dict=True, return_tensors="pt")
+    enc = processor.apply_chat_template(
+        _tool_conversation(), tools=tools, tokenize=True, return_dict=True, return_tensors="pt"
+    )
     grid = enc["image_grid_thw"]
     assert grid.shape == (2, 3)
     n_image_tokens = int((enc["input_ids"] == processor.image_token_id).sum())
@@ -126,7 +137,9 @@ def test_image_processor_returns_torch_without_return_tensors(processor):
 
 def test_forward_and_generate_with_image(processor, policy):
     messages = _tool_conversation()[:2]
-    enc = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt")
+    enc = processor.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
     with torch.no_grad():
         out = policy(**enc)
     assert out.logits.shape == (1, enc["input_ids"].shape[1], len(processor.tokenizer))
@@ -183,7 +196,8 @@ def test_protocol_tokens_added_to_foreign_tokenizer(tiny_qwen3vl_dir):  # noqa: 
     added = add_protocol_tokens(plain)
     assert "<reason>" in added and "<Terminate>" in added
     assert missing_protocol_tokens(plain) == []
-    assert plain.decode(plain.encode("<reason>a</reason>", add_special_tokens=False), skip_special_tokens=True) == "<reason>a</reason>"
+    ids = plain.encode("<reason>a</reason>", add_special_tokens=False)
+    assert plain.decode(ids, skip_special_tokens=True) == "<reason>a</reason>"
 
     class _Stub(torch.nn.Module):
         def __init__(self):
@@ -213,3 +227,56 @@ def test_tokenizer_compresses_protocol_text(processor):
         prompt = render_system_prompt("canvasagent", include_tools=include_tools)
         floor = len(split.pre_tokenize_str(prompt))  # BPE never merges across pre-tokens
         assert len(processor.tokenizer.encode(prompt, add_special_tokens=False)) <= int(floor * 1.1)
+
+
+def test_trl_recognises_template_and_parses_tool_calls(tiny_qwen3vl_dir):  # noqa: F811
+    """TRL must treat the tiny processor as Qwen3-VL: tool support, training template, parsing.
+
+    GRPO parses completions with ``prefix=prompt_ids``; without the prefix the new-style
+    response template finds no ``<|im_start|>assistant`` anchor and parses nothing.
+    """
+    from trl.chat_template_utils import (
+        add_response_schema,
+        get_training_chat_template,
+        parse_response,
+        supports_tool_calling,
+    )
+
+    processor = add_response_schema(load_processor(tiny_qwen3vl_dir))
+    assert supports_tool_calling(processor)
+    assert get_training_chat_template(processor) is not None
+    tok = processor.tokenizer
+    prefix = tok.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    reply = (
+        "<reason>find it</reason>\n<tool_call>\n"
+        '{"name": "Crop", "arguments": {"image": "img_1", "bbox": [1, 2, 3, 4]}}\n</tool_call><|im_end|>'
+    )
+    parsed = parse_response(tok, tok.encode(reply, add_special_tokens=False), prefix=prefix)
+    assert parsed["content"] == "<reason>find it</reason>"
+    assert parsed["tool_calls"][0]["function"] == {"name": "Crop", "arguments": {"image": "img_1", "bbox": [1, 2, 3, 4]}}
+    end_ids = tok.encode("<reason>ok</reason><Terminate><|im_end|>", add_special_tokens=False)
+    done = parse_response(tok, end_ids, prefix=prefix)
+    assert done["content"] == "<reason>ok</reason><Terminate>" and not done.get("tool_calls")
+
+
+def test_processor_pickles_and_keeps_torch_outputs(processor):
+    """datasets hashes and ships processors to workers with pickle/dill: the patched classes must pickle."""
+    import copy
+    import pickle
+
+    for clone in (pickle.loads(pickle.dumps(processor)), copy.deepcopy(processor)):
+        assert type(clone) is type(processor)
+        out = clone(text=["<|vision_start|><|image_pad|><|vision_end|>"], images=[_image()])
+        assert isinstance(out["pixel_values"], torch.Tensor)
+
+
+def test_importing_special_tokens_is_cheap():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import canvasagent.models.special_tokens, canvasagent.models; "
+        "print('transformers' in sys.modules or 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
