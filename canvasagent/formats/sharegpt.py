@@ -32,6 +32,7 @@ _ROLE_ALIASES = {
     "function": "tool",
     "system": "system",
 }
+# The echo is appended as "\n[...]" to the tool's own text, which may itself end in a newline.
 _ECHO_RE = re.compile(r"\n?\[(?:Output image saved as: [^.\]]+\. )?now imglist is \{[^}]*\}\]\s*$")
 _LABEL_RE = re.compile(r"\bimg_\d+:\s*")
 
@@ -78,7 +79,8 @@ def _norm_messages(record: dict[str, Any]) -> list[dict[str, str]]:
 
 
 def strip_echo(text: str) -> str:
-    return _ECHO_RE.sub("", text).strip()
+    """The tool's own text: only the echo is removed, so replayed echoes match byte for byte."""
+    return _ECHO_RE.sub("", text, count=1)
 
 
 def read_record(
@@ -127,7 +129,7 @@ def read_record(
             if not replies:
                 raise FormatError("a tool turn comes before any assistant turn")
             n = m["content"].count(IMAGE_TOKEN)
-            text = m["content"].replace(IMAGE_TOKEN, "").strip()
+            text = m["content"].replace(IMAGE_TOKEN, "")
             tool_turns[-1] = RecordedToolTurn(strip_echo(text), text, take(n, f"tool turn {len(replies)}"))
     extra = record.get("extra_info") or {}
     task = Task(
