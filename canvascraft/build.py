@@ -1,0 +1,246 @@
+"""Sharded, resumable builds: local processes by default, Ray tasks with `--ray`.
+
+A build is split into shards of consecutive row slots. Every slot draws from its own RNG,
+seeded by (seed, slot, attempt), so a shard's content depends only on the config and its slot
+range, never on which worker ran it or when. Each shard is written atomically (temp file,
+rename) and then recorded in `manifest.json`; a restarted build skips recorded shards and
+rebuilds the rest, which gives no duplicate and no lost row, and the same rows as an
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from canvasagent.config import find_config, from_dict, load_yaml
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class BuildConfig:
+    """Fields shared by SFT and RL builds (configs/canvascraft/{sft,rl}.yaml)."""
+
+    n: int = 100  # row slots (SFT: kept trajectories unless every attempt of a slot is rejected)
+    seed: int = 0
+    shard_size: int = 50
+    workers: int = 0  # 0: one per CPU
+    tools_config: str = "offline"
+    images: str = "builtin"  # builtin | procedural | photos | a folder | a saved dataset | hf:NAME
+    image_size: int = 256
+    writer: str = "template"  # template | llm
+    llm: dict[str, Any] = field(default_factory=dict)  # LLMWriter fields: base_url, model, ...
+    chains: list[str] = field(default_factory=lambda: ["chains"])  # chain files (names or paths)
+    mix: dict[str, float] = field(default_factory=dict)  # weight overrides by chain name or group
+    tones: dict[str, float] = field(default_factory=lambda: {"explicit": 0.5, "implicit": 0.5})
+    max_attempts: int = 4  # QC rejections tolerated per slot before the slot stays empty
+    max_skips: int = 500  # redraws of chains that have no backend, per slot
+
+
+@dataclass
+class SftConfig(BuildConfig):
+    allow_plumbing: bool = False  # keep trajectories whose outputs came from random-weight models
+    max_turns: int = 12
+
+
+@dataclass
+class RlConfig(BuildConfig):
+    eval_n: int = 0  # held-out eval tasks, built with eval_seed whatever --seed says
+    eval_seed: int = 1234567
+    # Target share of easy/medium/hard per axis (paper Table 3 by default).
+    reasoning: dict[str, float] = field(default_factory=lambda: {"easy": 761, "medium": 1807, "hard": 7432})
+    length: dict[str, float] = field(default_factory=lambda: {"easy": 476, "medium": 4687, "hard": 4837})
+    diversity: dict[str, float] = field(default_factory=lambda: {"easy": 2317, "medium": 5631, "hard": 2052})
+    max_steps: int = 12  # longest reference chain (the public rollouts allow 12 assistant turns)
+    reference_images: bool = True  # run deterministic reference solutions for an expected final image
+
+
+CONFIG_TYPES: dict[str, type[BuildConfig]] = {"sft": SftConfig, "rl": RlConfig}
+
+
+def load_build_config(kind: str, name_or_path: str | None = None, **overrides: Any) -> BuildConfig:
+    data = load_yaml(find_config(name_or_path or kind, "canvascraft"))
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return from_dict(CONFIG_TYPES[kind], data)
+
+
+def config_hash(kind: str, cfg: BuildConfig) -> str:
+    # Workers and shard timing do not change the rows, so they do not invalidate a resume.
+    d = {k: v for k, v in asdict(cfg).items() if k not in ("workers",)}
+    return hashlib.sha256(json.dumps([kind, d], sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    kind: str
+    split: str
+    index: int
+    seed: int
+    start: int
+    stop: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.split}-{self.index:05d}"
+
+    @property
+    def file(self) -> str:
+        return f"shards/{self.kind}-{self.key}.parquet"
+
+
+def plan_jobs(kind: str, cfg: BuildConfig) -> list[ShardJob]:
+    splits = [("train", cfg.seed, cfg.n)]
+    if isinstance(cfg, RlConfig) and cfg.eval_n > 0:
+        splits.append(("eval", cfg.eval_seed, cfg.eval_n))
+    jobs = []
+    for split, seed, n in splits:
+        for i, start in enumerate(range(0, n, cfg.shard_size)):
+            jobs.append(ShardJob(kind, split, i, seed, start, min(n, start + cfg.shard_size)))
+    return jobs
+
+
+# -- the shard task (runs in a worker process or a Ray task) -----------------------------------
+
+ShardFn = Callable[[BuildConfig, ShardJob], tuple[list[dict[str, Any]], dict[str, Any]]]
+
+
+def _shard_fn(kind: str) -> ShardFn:
+    if kind == "sft":
+        from canvascraft.sft import build_sft_shard
+
+        return build_sft_shard
+    from canvascraft.rl import build_rl_shard
+
+    return build_rl_shard
+
+
+def run_shard(kind: str, cfg_dict: dict[str, Any], job: ShardJob, out: str) -> tuple[ShardJob, int, dict[str, Any]]:
+    """Build one shard and write it atomically. Plain arguments, so Pool and Ray can ship it."""
+    import datasets
+
+    from canvascraft.formats import write_parquet_atomic
+
+    datasets.disable_progress_bars()
+    cfg = from_dict(CONFIG_TYPES[kind], cfg_dict)
+    rows, stats = _shard_fn(kind)(cfg, job)
+    write_parquet_atomic(rows, kind, Path(out) / job.file)
+    return job, len(rows), stats
+
+
+# -- the driver --------------------------------------------------------------------------------
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True, default=str)
+    os.replace(tmp, path)
+
+
+def load_manifest(out: str | Path) -> dict[str, Any] | None:
+    p = Path(out) / MANIFEST
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+class BuildInterrupted(RuntimeError):
+    """Raised by `stop_after` (tests simulate a killed build with it)."""
+
+
+def run_build(
+    kind: str,
+    cfg: BuildConfig,
+    out: str | Path,
+    use_ray: bool = False,
+    stop_after: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Build (or resume) `out`; returns the manifest. `stop_after=K` stops after K new shards."""
+    out = Path(out)
+    (out / "shards").mkdir(parents=True, exist_ok=True)
+    h = config_hash(kind, cfg)
+    manifest = load_manifest(out)
+    if manifest is None:
+        manifest = {"kind": kind, "config": asdict(cfg), "config_hash": h, "shards": {}, "complete": False}
+    elif manifest.get("config_hash") != h or manifest.get("kind") != kind:
+        raise ValueError(f"{out} holds a {manifest.get('kind')} build with another config; use a new --out to start over")
+    manifest["config"]["workers"] = cfg.workers
+    jobs = plan_jobs(kind, cfg)
+    done = manifest["shards"]
+    pending = [j for j in jobs if j.key not in done or not (out / done[j.key]["file"]).exists()]
+    if len(pending) < len(jobs):
+        log.info("resuming %s: %d of %d shards already done", out, len(jobs) - len(pending), len(jobs))
+    cfg_dict = asdict(cfg)
+    total = sum(j.stop - j.start for j in jobs)
+    bar = _progress(total, sum(j.stop - j.start for j in jobs if j not in pending), kind, progress)
+    finished = 0
+    try:
+        for job, n_rows, stats in _execute(kind, cfg_dict, pending, str(out), cfg.workers, use_ray):
+            done[job.key] = {"file": job.file, "split": job.split, "rows": n_rows, "slots": [job.start, job.stop], "stats": stats}
+            _write_json_atomic(out / MANIFEST, manifest)
+            bar.update(job.stop - job.start)
+            bar.set_postfix(kept=sum(s["rows"] for s in done.values()))
+            finished += 1
+            if stop_after is not None and finished >= stop_after and len(done) < len(jobs):
+                raise BuildInterrupted(f"stopped after {finished} shards (stop_after)")
+    finally:
+        bar.close()
+    manifest["complete"] = len(done) == len(jobs)
+    _write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
+def _progress(total: int, initial: int, kind: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=f"canvascraft {kind}", unit="slot", disable=not enabled)
+
+
+def _execute(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str, workers: int, use_ray: bool):
+    if not jobs:
+        return
+    if use_ray:
+        yield from _execute_ray(kind, cfg_dict, jobs, out)
+        return
+    n = workers or os.cpu_count() or 1
+    if n <= 1 or len(jobs) == 1:
+        for job in jobs:
+            yield run_shard(kind, cfg_dict, job, out)
+        return
+    import multiprocessing as mp
+
+    with mp.get_context("spawn" if os.environ.get("CANVASCRAFT_SPAWN") else None).Pool(min(n, len(jobs))) as pool:
+        yield from pool.imap_unordered(_run_shard_star, [(kind, cfg_dict, j, out) for j in jobs])
+
+
+def _run_shard_star(args: tuple) -> tuple[ShardJob, int, dict[str, Any]]:
+    return run_shard(*args)
+
+
+def _execute_ray(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str):
+    """The same shard tasks as Ray tasks; workers build their own toolbox from `tools_config`, so a
+    config with `client: ray` makes every task call the Ray Serve toolbox."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, ignore_reinit_error=True, log_to_driver=False)
+    task = ray.remote(num_cpus=1)(run_shard)
+    refs = [task.remote(kind, cfg_dict, j, out) for j in jobs]
+    while refs:
+        ready, refs = ray.wait(refs, num_returns=1)
+        yield ray.get(ready[0])
+
+
+def shard_files(out: str | Path, kind: str | None = None, split: str | None = None) -> list[Path]:
+    m = load_manifest(out)
+    if m is None:
+        raise FileNotFoundError(f"no {MANIFEST} in {out}")
+    return sorted(Path(out) / s["file"] for s in m["shards"].values() if split is None or s["split"] == split)

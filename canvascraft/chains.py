@@ -1,0 +1,151 @@
+"""Tool-chain templates, declared as data (configs/canvascraft/chains.yaml).
+
+A chain is an ordered list of registry tool names plus a mix weight. Everything the builders
+need beyond that (how many input images, which source-image tags are indispensable) is derived
+from the tools unless the YAML says otherwise, so a user adds a chain with one line.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from canvasagent.config import find_config, load_yaml
+from toolserver.registry import REGISTRY
+
+# Short names used in the paper's tables.
+ALIASES = {"Gen": "ImageGeneration", "Edit": "ImageEdit", "Overlay": "Overlayer"}
+SHORT = {v: k for k, v in ALIASES.items()}
+
+# Tools that cannot do their job without something specific in the input image.
+_TOOL_NEEDS = {"OCR": "text", "Grounding": "objects"}
+
+
+def canonical_tool(name: str) -> str:
+    tool = ALIASES.get(name.strip(), name.strip())
+    if tool not in REGISTRY or REGISTRY[tool].family != "canvasagent":
+        raise ValueError(f"unknown CanvasAgent tool {name!r} in a chain (known: {', '.join(REGISTRY)})")
+    return tool
+
+
+def chain_name(tools: Sequence[str]) -> str:
+    return "+".join(SHORT.get(t, t) for t in tools)
+
+
+@dataclass(frozen=True)
+class Chain:
+    tools: tuple[str, ...]
+    weight: float = 1.0
+    group: str = "single"
+    inputs: int = 1
+    needs: tuple[str, ...] = ()
+    name: str = ""
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any] | str) -> "Chain":
+        if isinstance(spec, str):
+            spec = {"chain": spec}
+        spec = dict(spec)
+        raw = spec.pop("chain", None) or spec.pop("tools", None)
+        if raw is None:
+            raise ValueError(f"chain entry without 'chain' or 'tools': {spec}")
+        parts = raw.split("+") if isinstance(raw, str) else list(raw)
+        tools = tuple(canonical_tool(p) for p in parts)
+        if not tools:
+            raise ValueError("empty chain")
+        unknown = set(spec) - {"weight", "group", "inputs", "needs", "name"}
+        if unknown:
+            raise ValueError(f"chain {raw!r}: unknown keys {sorted(unknown)}")
+        inputs = spec.get("inputs")
+        if inputs is None:
+            inputs = default_inputs(tools)
+        needs = spec.get("needs")
+        if needs is None:
+            needs = default_needs(tools, inputs)
+        weight = float(spec.get("weight", 1.0))
+        if weight < 0:
+            raise ValueError(f"chain {raw!r}: negative weight")
+        return cls(
+            tools=tools,
+            weight=weight,
+            group=str(spec.get("group", "user")),
+            inputs=int(inputs),
+            needs=tuple(needs),
+            name=spec.get("name") or chain_name(tools),
+        )
+
+    @property
+    def distinct_tools(self) -> int:
+        return len(set(self.tools))
+
+    @property
+    def starts_with_generation(self) -> bool:
+        return self.tools[0] == "ImageGeneration"
+
+
+def default_inputs(tools: Sequence[str]) -> int:
+    if tools[0] == "ImageGeneration":
+        return 0
+    # An extracted cut-out is composited onto a second photo, as in the paper's compositing chains.
+    if "Extract" in tools and "Overlayer" in tools[tools.index("Extract") :]:
+        return 2
+    return 1
+
+
+def default_needs(tools: Sequence[str], inputs: int) -> tuple[str, ...]:
+    if inputs == 0:
+        return ()  # the generated image is whatever the prompt asked for
+    return tuple(sorted({_TOOL_NEEDS[t] for t in tools if t in _TOOL_NEEDS}))
+
+
+@dataclass
+class ChainSet:
+    chains: list[Chain] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, sources: Iterable[str | Path] = ("chains",)) -> "ChainSet":
+        """Load one or more chain files (config names under configs/canvascraft/ or paths)."""
+        out: list[Chain] = []
+        for src in sources:
+            data = load_yaml(find_config(src, "canvascraft"))
+            out.extend(Chain.from_spec(s) for s in data.get("chains") or [])
+        names = [c.name for c in out]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"duplicate chain names: {sorted(dupes)}")
+        return cls(out)
+
+    def by_name(self, name: str) -> Chain:
+        for c in self.chains:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def subset(self, groups: Sequence[str] | None = None, names: Sequence[str] | None = None) -> "ChainSet":
+        return ChainSet([c for c in self.chains if (not groups or c.group in groups) and (not names or c.name in names)])
+
+    def with_weights(self, overrides: dict[str, float]) -> "ChainSet":
+        """Override mix weights by chain name or by group (a chain name wins over its group)."""
+        out = []
+        for c in self.chains:
+            w = overrides.get(c.name, overrides.get(c.group, c.weight))
+            out.append(Chain(c.tools, float(w), c.group, c.inputs, c.needs, c.name))
+        return ChainSet(out)
+
+    def sample(self, rng: random.Random) -> Chain:
+        live = [c for c in self.chains if c.weight > 0]
+        if not live:
+            raise ValueError("no chain has a positive weight")
+        return rng.choices(live, weights=[c.weight for c in live], k=1)[0]
+
+    def mix(self) -> dict[str, float]:
+        total = sum(c.weight for c in self.chains) or 1.0
+        return {c.name: c.weight / total for c in self.chains}
+
+    def __iter__(self):
+        return iter(self.chains)
+
+    def __len__(self) -> int:
+        return len(self.chains)

@@ -1,0 +1,258 @@
+"""Dataset formats: HF parquet shards (native), public ShareGPT (SFT) and public RL JSON.
+
+Native parquet columns (load with `datasets.load_dataset("parquet", data_files=...)`):
+
+SFT (`sft-*.parquet`), one row per kept trajectory:
+  id            str   stable row ID (`sft-<seed>-<slot>`)
+  messages      list[{role, content}]  ShareGPT turns (system/user/assistant/tool); every `<image>`
+                placeholder consumes the next entry of `images`
+  images        list[Image]  PNG bytes: the inputs, then each tool output in registration order
+  final_image   Image | None the last produced asset (None for read-only chains: OCR, Grounding)
+  instruction   str   the user request;  tone: explicit | implicit;  writer: template | llm
+  chain, group  str   chain template name and its group (single | hard | user)
+  tools         list[str]  tool sequence executed
+  n_turns       int   assistant turns (calls + the terminating turn)
+  source        str   JSON: what the image source knew about each input
+  trajectory    str   JSON of `Trajectory.to_dict()` (replayable; asset files = `images`)
+
+RL (`rl-<split>-*.parquet`), one row per task:
+  id, split (train | eval), prompt, tone, chain   str
+  images        list[Image]  input images (empty when the task starts with generation)
+  path          list[str]    the expected tool set (the public RL `path`)
+  reasoning, length, diversity  str  easy | medium | hard (paper Table 2)
+  n_steps, n_tools  int
+  checks        str   JSON list of verifiable checks for the offline alignment judge
+  reference_image  Image | None  expected final image, when the reference solution is deterministic
+
+Public formats are written beside their images; extra CanvasCraft columns ride along under a
+`canvascraft` key (ShareGPT) or inside `extra_info` (RL JSON), which public readers ignore and
+our readers use, so both round-trips are lossless.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import datasets
+
+from canvasagent.formats.sharegpt import iter_records, to_record
+from canvasagent.imageio import to_png_bytes
+from canvasagent.trajectory import Trajectory
+
+_IMG = datasets.Image()
+_STR = datasets.Value("string")
+
+SFT_FEATURES = datasets.Features(
+    {
+        "id": _STR,
+        "messages": datasets.List({"role": _STR, "content": _STR}),
+        "images": datasets.List(_IMG),
+        "final_image": _IMG,
+        "instruction": _STR,
+        "tone": _STR,
+        "writer": _STR,
+        "chain": _STR,
+        "group": _STR,
+        "tools": datasets.List(_STR),
+        "n_turns": datasets.Value("int32"),
+        "source": _STR,
+        "trajectory": _STR,
+    }
+)
+RL_FEATURES = datasets.Features(
+    {
+        "id": _STR,
+        "split": _STR,
+        "prompt": _STR,
+        "tone": _STR,
+        "chain": _STR,
+        "images": datasets.List(_IMG),
+        "path": datasets.List(_STR),
+        "reasoning": _STR,
+        "length": _STR,
+        "diversity": _STR,
+        "n_steps": datasets.Value("int32"),
+        "n_tools": datasets.Value("int32"),
+        "checks": _STR,
+        "reference_image": _IMG,
+    }
+)
+FEATURES = {"sft": SFT_FEATURES, "rl": RL_FEATURES}
+
+
+def png(image) -> dict[str, Any]:
+    """An image cell: PNG bytes we encode ourselves, so a JPEG input is never re-encoded lossily."""
+    return {"bytes": to_png_bytes(image), "path": None}
+
+
+# -- native parquet ----------------------------------------------------------------------------
+
+
+def sft_row(traj: Trajectory, source_meta: list[dict[str, Any]], writer: str) -> dict[str, Any]:
+    """A parquet row from a kept trajectory; messages come from the public ShareGPT writer."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rec = to_record(traj, tmp, image_prefix="")
+        images = [{"bytes": (Path(tmp) / name).read_bytes(), "path": None} for name in rec["images"]]
+    final = traj.final_asset()
+    meta = traj.task.meta
+    return {
+        "id": traj.task.id,
+        "messages": rec["messages"],
+        "images": images,
+        "final_image": png(final.image) if final else None,
+        "instruction": traj.task.instruction,
+        "tone": meta.get("tone", ""),
+        "writer": writer,
+        "chain": meta.get("chain", ""),
+        "group": meta.get("group", ""),
+        "tools": traj.tool_sequence,
+        "n_turns": len(traj.turns),
+        "source": json.dumps(source_meta, ensure_ascii=False, sort_keys=True),
+        "trajectory": json.dumps(traj.to_dict(), ensure_ascii=False, sort_keys=True, default=str),
+    }
+
+
+def write_parquet_atomic(rows: list[dict[str, Any]], kind: str, path: str | Path) -> Path:
+    """Write a shard to a temporary name and rename it, so a reader never sees half a shard."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds = datasets.Dataset.from_list(rows, features=FEATURES[kind]) if rows else datasets.Dataset.from_dict(
+        {k: [] for k in FEATURES[kind]}, features=FEATURES[kind]
+    )
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        ds.to_parquet(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def read_rows(files: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """Rows with image cells left as {"bytes", "path"} (no decoding, exact bytes)."""
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = []
+    for f in sorted(map(str, files)):
+        rows.extend(pq.read_table(f).to_pylist())
+    return rows
+
+
+def load_hf(files: Iterable[str | Path]) -> datasets.Dataset:
+    """The shards as one `datasets.Dataset` (images decode to PIL), for trainers."""
+    return datasets.load_dataset("parquet", data_files=sorted(map(str, files)), split="train")
+
+
+def trajectory_of(row: dict[str, Any]) -> Trajectory:
+    """Rebuild a `Trajectory` (with its assets) from an SFT row, via its saved directory form."""
+    d = json.loads(row["trajectory"])
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "assets").mkdir()
+        for a, cell in zip(d["assets"], row["images"]):
+            (Path(tmp) / a["file"]).write_bytes(cell["bytes"])
+        (Path(tmp) / "trajectory.json").write_text(row["trajectory"])
+        return Trajectory.load(tmp)
+
+
+# -- public ShareGPT ---------------------------------------------------------------------------
+
+
+def _img_name(row_id: str, k: int) -> str:
+    return f"{row_id}_{k}.png"
+
+
+def write_sharegpt(rows: list[dict[str, Any]], out_dir: str | Path, name: str = "sharegpt.json") -> Path:
+    out = Path(out_dir)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    records = []
+    for row in rows:
+        paths = []
+        for k, cell in enumerate(row["images"]):
+            rel = f"images/{_img_name(row['id'], k)}"
+            (out / rel).write_bytes(cell["bytes"])
+            paths.append(rel)
+        extra = {k: v for k, v in row.items() if k not in ("messages", "images", "final_image")}
+        if row.get("final_image"):
+            rel = f"images/{row['id']}_final.png"
+            (out / rel).write_bytes(row["final_image"]["bytes"])
+            extra["final_image"] = rel
+        records.append({"messages": row["messages"], "images": paths, "canvascraft": extra})
+    path = out / name
+    path.write_text(json.dumps(records, ensure_ascii=False, indent=1))
+    return path
+
+
+def read_sharegpt(path: str | Path) -> list[dict[str, Any]]:
+    """SFT rows from a ShareGPT file (ours or the public release; missing columns stay empty)."""
+    path = Path(path)
+    rows = []
+    for i, rec in enumerate(iter_records(path)):
+        extra = dict(rec.get("canvascraft") or {})
+        msgs = [{"role": m.get("role", m.get("from")), "content": m.get("content", m.get("value", ""))} for m in rec.get("messages") or rec.get("conversations") or []]
+        final = extra.pop("final_image", None)
+        row = {k: None for k in SFT_FEATURES}
+        row.update(
+            id=str(rec.get("id", f"{path.stem}-{i:06d}")),
+            messages=msgs,
+            images=[{"bytes": (path.parent / p).read_bytes(), "path": None} for p in rec.get("images") or []],
+            final_image={"bytes": (path.parent / final).read_bytes(), "path": None} if final else None,
+            tools=[],
+            n_turns=sum(m["role"] == "assistant" for m in msgs),
+        )
+        row.update(extra)
+        rows.append(row)
+    return rows
+
+
+# -- public RL JSON ----------------------------------------------------------------------------
+
+_RL_EXTRA = ("split", "chain", "reasoning", "length", "diversity", "n_steps", "n_tools", "checks")
+
+
+def write_rl_json(rows: list[dict[str, Any]], out_dir: str | Path, name: str = "rl.json") -> Path:
+    """`{"path", "image", "prompt", "extra_info": {"id", "tone", ...}}` per task, images beside."""
+    out = Path(out_dir)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    records = []
+    for row in rows:
+        paths = []
+        for k, cell in enumerate(row["images"]):
+            rel = f"images/{_img_name(row['id'], k)}"
+            (out / rel).write_bytes(cell["bytes"])
+            paths.append(rel)
+        extra: dict[str, Any] = {"id": row["id"], "tone": row["tone"]}
+        extra.update({k: row[k] for k in _RL_EXTRA if row.get(k) is not None})
+        if row.get("reference_image"):
+            rel = f"images/{row['id']}_reference.png"
+            (out / rel).write_bytes(row["reference_image"]["bytes"])
+            extra["reference_image"] = rel
+        records.append({"path": list(row["path"]), "image": paths, "prompt": row["prompt"], "extra_info": extra})
+    path = out / name
+    path.write_text(json.dumps(records, ensure_ascii=False, indent=1))
+    return path
+
+
+def read_rl_json(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    rows = []
+    for i, rec in enumerate(iter_records(path)):
+        extra = dict(rec.get("extra_info") or {})
+        ref = extra.pop("reference_image", None)
+        row = {k: None for k in RL_FEATURES}
+        row.update(
+            id=str(extra.pop("id", f"{path.stem}-{i:06d}")),
+            tone=extra.pop("tone", None),
+            prompt=rec.get("prompt", ""),
+            path=list(rec.get("path") or []),
+            images=[{"bytes": (path.parent / p).read_bytes(), "path": None} for p in rec.get("image") or []],
+            reference_image={"bytes": (path.parent / ref).read_bytes(), "path": None} if ref else None,
+        )
+        row.update({k: v for k, v in extra.items() if k in RL_FEATURES})
+        rows.append(row)
+    return rows

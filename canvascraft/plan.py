@@ -1,0 +1,181 @@
+"""Turn a chain template and source images into an intended plan: one `Step` per tool.
+
+The plan is what the paper's pipeline "reverse-engineers" an instruction from: which object to
+ground, which text to add and where, which angle corrects the scene. It is decided before
+execution, from what is known about the inputs; values that only exist at run time (the boxes
+Grounding returns, the text OCR reads) are left to the executing policy (`canvascraft.sft`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from canvascraft.chains import Chain
+from canvascraft.sources import SIGN_WORDS, SourceImage
+from toolserver.validation import Profile
+
+POSITIONS: dict[str, tuple[int, int]] = {
+    "top": (500, 120),
+    "bottom": (500, 880),
+    "center": (500, 500),
+    "top-left corner": (220, 140),
+    "top-right corner": (780, 140),
+    "bottom-left corner": (220, 860),
+    "bottom-right corner": (780, 860),
+}
+CAPTIONS = (
+    "SUMMER SALE", "Grand Opening", "Happy Birthday", "Best Coffee", "Limited Offer",
+    "Welcome Home", "Open 24/7", "Hello World", "New Arrival", "Thank You",
+)
+EDITS = (
+    "make it look like a watercolor painting",
+    "change the background to a snowy landscape",
+    "make the lighting warmer, like at sunset",
+    "turn the {target} bright blue",
+    "remove the {target}",
+    "add a small red hat on top of the {target}",
+    "give the whole picture a vintage film look",
+)
+GEN_SUBJECTS = (
+    ("a red apple on a wooden table", ["red apple", "table"]),
+    ("a cat sitting on a windowsill at sunset", ["cat", "window"]),
+    ("a lighthouse on a rocky coast", ["lighthouse"]),
+    ("a bicycle leaning against a blue wall", ["bicycle"]),
+    ("a bowl of oranges in a bright kitchen", ["bowl", "orange"]),
+)
+
+
+def correction_angle(rotation_ccw: int, profile: Profile) -> int:
+    """The Rotate `angle` that undoes a scene turned `rotation_ccw` degrees counter-clockwise.
+
+    The public tools (canvascraft profile) rotate counter-clockwise; the exact profile rotates
+    clockwise as the schema text says. The answer is always one of the allowed 45/90/180.
+    """
+    return (360 - rotation_ccw) % 360 if profile is Profile.CANVASCRAFT else rotation_ccw % 360
+
+
+def correctable_rotations(profile: Profile) -> tuple[int, ...]:
+    """Scene rotations (CCW) that a single Rotate call can undo under `profile`."""
+    return tuple((360 - a) % 360 if profile is Profile.CANVASCRAFT else a for a in (45, 90, 180))
+
+
+@dataclass
+class Step:
+    tool: str
+    clause: str  # phrasing key in configs/canvascraft/phrasings.yaml, e.g. "Rotate.fix"
+    params: dict[str, Any] = field(default_factory=dict)  # JSON-safe
+
+
+@dataclass
+class Plan:
+    chain: Chain
+    steps: list[Step]
+    inputs: list[SourceImage]
+    # Text OCR should read, when the plan guarantees it is upright and unedited at that point.
+    expect_text: str | None = None
+    subject: str = ""  # what the instruction is about, for openers ("the sign", "this photo")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "chain": self.chain.name,
+            "steps": [{"tool": s.tool, "clause": s.clause, "params": s.params} for s in self.steps],
+            "inputs": [i.meta for i in self.inputs],
+            "expect_text": self.expect_text,
+        }
+
+
+@dataclass
+class _State:
+    labels: list[str]
+    text: str | None
+    rotation: int = 0
+    mirrored: bool = False
+    edited: bool = False
+    cropped_to: str | None = None
+    grounded: str | None = None
+    segmented: bool = False
+    extracted: bool = False
+    read_text: bool = False
+
+
+def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profile: Profile) -> Plan:
+    first = inputs[0].meta if inputs else {}
+    st = _State(
+        labels=[lbl for lbl in (inputs[0].labels if inputs else [])] or ["main subject"],
+        text=first.get("text"),
+        rotation=int(first.get("rotation") or 0),
+        mirrored=bool(first.get("mirrored")),
+    )
+    steps: list[Step] = []
+    expect: str | None = None
+    for i, tool in enumerate(chain.tools):
+        later = chain.tools[i + 1 :]
+        if tool == "ImageGeneration":
+            wants_text = any(t == "OCR" for t in later)
+            if wants_text:
+                word = rng.choice(SIGN_WORDS)
+                prompt, labels = f"a shop front with a large sign that reads '{word}'", ["sign", "shop front"]
+                st.text = word
+            else:
+                prompt, labels = rng.choice(GEN_SUBJECTS)
+            st.labels = list(labels)
+            steps.append(Step(tool, "ImageGeneration", {"prompt": prompt}))
+        elif tool == "ImageEdit":
+            target = _target(st, rng)
+            edit = rng.choice(EDITS).format(target=target)
+            st.edited = True
+            steps.append(Step(tool, "ImageEdit", {"edit_prompt": edit, "target": target}))
+        elif tool == "Grounding":
+            # Ground the sign when text work follows, so OCR/Crop act on it; else any object.
+            target = "sign" if "sign" in st.labels and any(t in ("OCR", "Crop") for t in later) else _target(st, rng)
+            st.grounded = target
+            steps.append(Step(tool, "Grounding", {"target": target}))
+        elif tool == "Crop":
+            target = st.grounded or _target(st, rng)
+            st.cropped_to = target
+            steps.append(Step(tool, "Crop", {"target": target}))
+        elif tool == "SAM":
+            steps.append(Step(tool, "SAM", {"target": st.grounded or _target(st, rng)}))
+            st.segmented = True
+        elif tool == "Extract":
+            steps.append(Step(tool, "Extract", {"target": st.grounded or _target(st, rng)}))
+            st.extracted = True
+        elif tool == "Overlayer":
+            pos_name = rng.choice(list(POSITIONS))
+            params: dict[str, Any] = {"position_name": pos_name, "position": list(POSITIONS[pos_name])}
+            if st.extracted:
+                params["target"] = st.grounded or "object"
+                steps.append(Step(tool, "Overlayer.object", params))
+            elif st.read_text:
+                steps.append(Step(tool, "Overlayer.ocr", params))  # the text comes from the OCR reply
+            else:
+                params["text"] = rng.choice(CAPTIONS)
+                steps.append(Step(tool, "Overlayer.text", params))
+        elif tool == "OCR":
+            upright = st.rotation == 0 and not st.mirrored
+            if upright and st.text and not st.edited and st.cropped_to in (None, "sign"):
+                expect = st.text
+            st.read_text = True
+            steps.append(Step(tool, "OCR", {"upright": upright}))
+        elif tool == "Rotate":
+            if st.rotation:
+                steps.append(Step(tool, "Rotate.fix", {"angle": correction_angle(st.rotation, profile)}))
+                st.rotation = 0
+            else:
+                steps.append(Step(tool, "Rotate.by", {"angle": rng.choice((90, 180, 45))}))
+        elif tool == "Flip":
+            steps.append(Step(tool, "Flip.fix" if st.mirrored else "Flip.mirror", {}))
+            st.mirrored = False
+        elif tool == "SR":
+            steps.append(Step(tool, "SR", {}))
+        else:  # pragma: no cover - chains are validated against the registry
+            raise ValueError(f"no planner for tool {tool}")
+    subject = "sign" if st.text and not chain.starts_with_generation else "image"
+    return Plan(chain, steps, inputs, expect, subject)
+
+
+def _target(st: _State, rng: random.Random) -> str:
+    objs = [lbl for lbl in st.labels if lbl != "sign"] or st.labels
+    return rng.choice(objs)
