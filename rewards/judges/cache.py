@@ -1,0 +1,104 @@
+"""A content-hash cache and a bounded concurrent pool around any judge.
+
+GRPO samples n rollouts per task, and a judged aspect often reads identical content (the same
+final image from two rollouts, the same trajectory re-scored for another component), so the
+cache key is the hash of what the judge reads plus the judge's fingerprint, and a repeat call
+is free. HTTP judges spend their time waiting on the network, so calls run in a thread pool
+whose size bounds the load on the judge endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Iterable
+
+from rewards.judges.base import FallbackCounter, Judge, JudgeResult, TrajectoryView
+
+log = logging.getLogger(__name__)
+
+
+class CachedJudge:
+    """Wraps a judge with an LRU keyed on content, fallback counting and a bounded pool."""
+
+    def __init__(self, judge: Judge, fallback_score: float = 0.3, cache_size: int = 4096, max_workers: int = 4):
+        self.inner = judge
+        self.name = judge.name
+        self.fallback_score = fallback_score
+        self.cache_size = cache_size
+        self.max_workers = max(1, max_workers)
+        self.counter = FallbackCounter()
+        self.hits = 0
+        self.misses = 0
+        self._cache: OrderedDict[str, JudgeResult] = OrderedDict()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, threading.Event] = {}
+        self._pool: ThreadPoolExecutor | None = None
+
+    def fingerprint(self) -> str:
+        return self.inner.fingerprint()
+
+    # -- one call ---------------------------------------------------------------------------------
+    def judge(self, aspect: str, view: TrajectoryView) -> JudgeResult:
+        try:
+            key = f"{self.inner.fingerprint()}|{view.content_hash(aspect)}"
+        except Exception as e:  # hashing an odd image must not stop scoring
+            log.warning("cannot hash %s input (%s); judging without cache", aspect, e)
+            key = None
+        if key is not None and self.cache_size > 0:
+            while True:
+                with self._lock:
+                    hit = self._cache.get(key)
+                    if hit is not None:
+                        self._cache.move_to_end(key)
+                        self.hits += 1
+                        return replace(hit, cached=True)
+                    event = self._inflight.get(key)
+                    if event is None:
+                        # We compute it; concurrent callers for the same key wait for us.
+                        self._inflight[key] = threading.Event()
+                        break
+                event.wait()
+        result = self._call(aspect, view)
+        if key is not None and self.cache_size > 0:
+            with self._lock:
+                self.misses += 1
+                # Fallbacks are not cached: the endpoint may be back for the next call.
+                if not result.fallback:
+                    self._cache[key] = result
+                    while len(self._cache) > self.cache_size:
+                        self._cache.popitem(last=False)
+                self._inflight.pop(key).set()
+        return result
+
+    def _call(self, aspect: str, view: TrajectoryView) -> JudgeResult:
+        try:
+            result = self.inner.judge(aspect, view)
+        except Exception as e:  # a judge bug is a fallback, never a crash in the training loop
+            log.exception("%s judge raised on %s", self.name, aspect)
+            result = JudgeResult.failed(self.fallback_score, f"judge_exception: {type(e).__name__}: {e}", self.name)
+        self.counter.record(aspect, result, self.name)
+        return result
+
+    # -- many calls -------------------------------------------------------------------------------
+    def judge_many(self, jobs: Iterable[tuple[str, TrajectoryView]]) -> list[JudgeResult]:
+        jobs = list(jobs)
+        if len(jobs) <= 1 or self.max_workers == 1:
+            return [self.judge(a, v) for a, v in jobs]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix=f"judge-{self.name}")
+        return list(self._pool.map(lambda job: self.judge(*job), jobs))
+
+    def stats(self) -> dict[str, float]:
+        return {**self.counter.snapshot(), "judge/cache_hits": float(self.hits), "judge/cache_misses": float(self.misses)}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        close = getattr(self.inner, "close", None)
+        if callable(close):
+            close()

@@ -1,0 +1,152 @@
+"""Offline judges that measure something, with no model endpoint.
+
+* **alignment** — the task's verifiable checks (`rewards.checks`), run on the final image; OCR
+  and grounding checks go through a real toolbox. Tasks without a verifiable check get the
+  configured `no_checks_score`, flagged as a fallback.
+* **aesthetic** — the no-reference quality proxy of `rewards.judges.iq`.
+* **trajectory** — a deterministic process score (`score_process`):
+  - *choice*: the fraction of distinct expected tools that ran successfully;
+  - *order*: the fraction of applicable dependency rules satisfied — SAM after a successful
+    Grounding, Extract after a successful SAM, an object overlay after a successful Extract (or
+    with an RGBA input), and ImageGeneration first when the task has no input image (the
+    public system prompt's chain rules);
+  - *relevance*: the fraction of calls whose tool is in the expected set.
+  Terms that do not apply (no expected set) drop out of the weighted mean.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+from rewards.checks import CheckContext, run_checks
+from rewards.config import OfflineJudgeConfig
+from rewards.judges.base import JudgeResult, TrajectoryView
+from rewards.judges.iq import image_quality
+from toolserver.registry import OutputKind
+
+log = logging.getLogger(__name__)
+
+
+def score_process(view: TrajectoryView, weights: Any) -> tuple[float, dict[str, float], str]:
+    """The deterministic trajectory score: (score, sub-terms, reason)."""
+    traj = view.trajectory
+    calls = view.calls
+    expected = {t for t in view.expected_tools if isinstance(t, str)}
+    ok_tools = [c.tool for c in calls if c.status == "ok"]
+    details: dict[str, float] = {}
+    if not calls:
+        reason = "no_tool_call"
+        if expected:
+            return 0.0, {"choice": 0.0, "order": 0.0, "relevance": 0.0}, reason
+        return 1.0, {"order": 1.0}, "no_tool_call_and_none_expected"
+
+    terms: dict[str, float] = {}
+    if expected:
+        terms["choice"] = len(expected & set(ok_tools)) / len(expected)
+        terms["relevance"] = sum(1 for c in calls if c.tool in expected) / len(calls)
+
+    applicable = satisfied = 0
+    seen_ok: set[str] = set()
+    inputs = set(traj.assets.input_ids())
+    if not inputs:
+        applicable += 1
+        satisfied += calls[0].tool == "ImageGeneration"
+    for c in calls:
+        args = c.arguments if isinstance(c.arguments, dict) else {}
+        need: str | None = None
+        if c.tool == "SAM":
+            need = "Grounding"
+        elif c.tool == "Extract":
+            need = "SAM"
+        elif c.tool == "Overlayer" and args.get("overlay_type") == "object":
+            content = args.get("content")
+            is_rgba_input = (
+                isinstance(content, str) and content in inputs and traj.assets.get(content).kind is OutputKind.RGBA
+            )
+            need = None if is_rgba_input else "Extract"
+        if need is not None:
+            applicable += 1
+            satisfied += need in seen_ok
+        if c.status == "ok":
+            seen_ok.add(c.tool)
+    terms["order"] = satisfied / applicable if applicable else 1.0
+
+    wsum = sum(getattr(weights, k) for k in terms)
+    score = sum(getattr(weights, k) * v for k, v in terms.items()) / wsum if wsum > 0 else 0.0
+    details.update(terms)
+    return score, details, ""
+
+
+class OfflineJudge:
+    name = "offline"
+
+    def __init__(self, cfg: OfflineJudgeConfig | None = None, toolbox: Any | None = None):
+        self.cfg = cfg or OfflineJudgeConfig()
+        self._toolbox = toolbox
+        self._toolbox_failed = False
+
+    def fingerprint(self) -> str:
+        return f"offline:{asdict(self.cfg)}"
+
+    @property
+    def toolbox(self) -> Any | None:
+        if self._toolbox is None and not self._toolbox_failed:
+            try:
+                from canvasagent.config import make_toolbox
+
+                self._toolbox = make_toolbox(self.cfg.tools)
+            except Exception as e:
+                self._toolbox_failed = True
+                log.warning("offline judge: no toolbox from tools config %r (%s); OCR/grounding checks are unverifiable", self.cfg.tools, e)
+        return self._toolbox
+
+    def judge(self, aspect: str, view: TrajectoryView) -> JudgeResult:
+        if aspect == "alignment":
+            return self._alignment(view)
+        if aspect == "aesthetic":
+            return self._aesthetic(view)
+        if aspect == "trajectory":
+            score, details, reason = score_process(view, self.cfg.trajectory)
+            return JudgeResult(score=score, details=details, reason=reason, judge=self.name)
+        return JudgeResult.failed(self.cfg.no_checks_score, f"unknown aspect {aspect!r}", self.name)
+
+    def _alignment(self, view: TrajectoryView) -> JudgeResult:
+        checks = view.trajectory.task.checks
+        needs_tools = any(isinstance(c, dict) and c.get("type") in ("ocr_contains", "grounding_finds") for c in checks)
+        ctx = CheckContext(view.trajectory, self.toolbox if needs_tools else None)
+        score, results = run_checks(ctx, list(checks))
+        details: dict[str, float] = {
+            "checks": float(len(results)),
+            "verifiable": float(sum(r.verifiable for r in results)),
+        }
+        counts: dict[str, int] = {}
+        for r in results:
+            if r.verifiable:
+                k = counts[r.type] = counts.get(r.type, 0) + 1
+                details[f"check/{r.type}" + (f"_{k}" if k > 1 else "")] = float(r.score or 0.0)
+        reasons = "; ".join(f"{r.type}: {r.reason}" for r in results if r.reason)
+        if score is None:
+            why = "no_checks" if not checks else "no_verifiable_checks"
+            return JudgeResult(
+                score=self.cfg.no_checks_score, ok=False, fallback=True, reason=f"{why}; {reasons}".strip("; "),
+                details=details, judge=self.name,
+            )
+        return JudgeResult(score=score, details=details, reason=reasons, judge=self.name)
+
+    def _aesthetic(self, view: TrajectoryView) -> JudgeResult:
+        if view.final is None:
+            return JudgeResult(score=0.0, reason="no_final_image", judge=self.name)
+        if view.final.width == 0 or view.final.height == 0:
+            return JudgeResult(score=0.0, reason="empty_final_image", judge=self.name)
+        final = view.trajectory.final_asset()
+        if final is not None and CheckContext(view.trajectory).tainted(final):
+            return JudgeResult(score=0.0, reason="plumbing_only", judge=self.name)
+        q = image_quality(view.final, self.cfg.aesthetic, self.cfg.analysis_side)
+        return JudgeResult(score=q.score, details=dict(q.terms), judge=self.name)
+
+    def close(self) -> None:
+        close = getattr(self._toolbox, "close", None)
+        if callable(close):
+            close()

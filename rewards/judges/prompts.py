@@ -1,0 +1,89 @@
+"""Our judge prompts, shared by the HTTP and local VLM judges.
+
+Each prompt asks for one JSON object `{"score": <integer 0-10>, "reason": "<one sentence>"}`;
+`rewards.judges.base.parse_score` reads it and divides by 10. The rubrics follow the paper's
+descriptions of R_align, R_aes and R_traj (section 3.3) and are deliberately short: the judge
+sees the evidence, not a wall of rules.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from PIL import Image
+
+from rewards.judges.base import TrajectoryView
+
+PROMPT_VERSION = "v1"
+SCALE = 10.0
+
+_OUTPUT = (
+    'Answer with one JSON object and nothing else: {"score": <integer 0-10>, "reason": "<one sentence>"}.'
+)
+
+SYSTEM = {
+    "alignment": (
+        "You grade image-editing and image-generation results. Judge ONLY whether the final image "
+        "satisfies the user's instruction: requested objects, attributes, actions, spatial relations, "
+        "colours, text, quantities, and the edited regions (untouched regions should be preserved). "
+        "Ignore how pretty the image is. 10 = every requirement met; 7 = main requirements met with minor "
+        "misses; 4 = partly done, important requirements missing or wrong; 1 = barely related; 0 = no image "
+        "or unrelated. If unsure between two scores, choose the lower. " + _OUTPUT
+    ),
+    "aesthetic": (
+        "You grade the visual quality of one image, independent of any instruction: composition, colour, "
+        "lighting, clarity, texture naturalness, style consistency; penalise artefacts, blur, seams, "
+        "pasted-looking objects and broken text. 10 = polished, no visible flaw; 7 = appealing with minor "
+        "flaws; 4 = clearly noticeable defects; 1 = severely degraded; 0 = broken or empty. " + _OUTPUT
+    ),
+    "trajectory": (
+        "You grade the process of a visual tool-use agent, not its final image. Judge whether it decomposes "
+        "the task sensibly, selects appropriate tools (compare with the expected tool set), respects tool "
+        "dependencies (Grounding -> SAM -> Extract; ImageGeneration first when there is no input image; "
+        "object overlays use an extracted cut-out), uses valid image IDs, reacts to tool errors, and avoids "
+        "irrelevant, repeated or unnecessary calls. 10 = complete, valid and efficient; 7 = reasonable with "
+        "small gaps; 4 = key steps missing or clear defects; 1 = mostly incoherent; 0 = no meaningful "
+        "process. " + _OUTPUT
+    ),
+}
+
+
+def user_content(aspect: str, view: TrajectoryView) -> list[tuple[str, Any]]:
+    """The user turn as ("text", str) / ("image", PIL) parts; each judge renders them its way."""
+    parts: list[tuple[str, Any]] = []
+    if aspect == "alignment":
+        parts.append(("text", f"Instruction:\n{view.instruction}"))
+        for i, img in enumerate(view.inputs, start=1):
+            parts.append(("text", f"Input image img_{i}:"))
+            parts.append(("image", img))
+        if view.final is not None:
+            parts.append(("text", f"Final image ({view.final_id}):"))
+            parts.append(("image", view.final))
+        else:
+            parts.append(("text", "The agent produced no final image."))
+    elif aspect == "aesthetic":
+        if view.final is not None:
+            parts.append(("text", "Image to grade:"))
+            parts.append(("image", view.final))
+        else:
+            parts.append(("text", "There is no image to grade."))
+    else:
+        parts.append(("text", f"Instruction:\n{view.instruction}"))
+        parts.append(("text", f"Input images: {len(view.inputs)}"))
+        parts.append(("text", f"Expected tool set (order not mandatory): {json.dumps(view.expected_tools)}"))
+        calls = [c.to_dict() for c in view.calls]
+        parts.append(("text", f"Parsed tool calls ({len(calls)}):\n{json.dumps(calls, ensure_ascii=False, default=str)[:4000]}"))
+        parts.append(("text", f"Episode ended by: {view.trajectory.stop_reason}"))
+        parts.append(("text", f"Transcript:\n{view.transcript(6000)}"))
+    parts.append(("text", _OUTPUT))
+    return parts
+
+
+def downscale(img: Image.Image, side: int) -> Image.Image:
+    if img.mode not in ("RGB", "L"):
+        img = img.convert("RGBA").convert("RGB") if img.mode in ("RGBA", "LA", "P") else img.convert("RGB")
+    if max(img.size) > side > 0:
+        img = img.copy()
+        img.thumbnail((side, side), Image.Resampling.BICUBIC)
+    return img
