@@ -28,6 +28,8 @@ pixel centre ``x``:
    best sample
    with ``GOLDEN_STEPS`` golden-section iterations inside the bracket of its
    neighbouring samples (bracket width shrinks by 0.618 per iteration).
+   Every pixel of the stroke's bounding box is refined; selections are done
+   with arithmetic masks because boolean ops are slow in torch on CPU.
 2. Coverage ``cov = clamp(g(t*) + 0.5, 0, 1)``: a one-pixel linear ramp, i.e.
    the box-filtered area of a straight edge, which is the anti-aliasing.
 3. Stroke alpha ``A = a(t*) * cov``.
@@ -61,7 +63,7 @@ R_MAX_FRAC = 0.25
 GOLDEN_STEPS = 10
 # Above this many (stroke x pixel) elements the batch is processed in chunks to
 # bound the size of temporaries.
-_CHUNK_ELEMS = 1 << 22
+_CHUNK_ELEMS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -160,61 +162,69 @@ def _g_terms(t, px, py, geo):
     return g, g1, g2
 
 
-def _find_tstar(px, py, geo, k: int) -> torch.Tensor:
+def _step_mask(x: torch.Tensor) -> torch.Tensor:
+    """1.0 where x > 0 else 0.0, using arithmetic only.
+
+    Boolean tensors and ``torch.where`` are an order of magnitude slower than
+    plain arithmetic on CPU, so selections below are written as lerps with
+    this (0/1 up to float precision) mask.
+    """
+    return (x * 1e30).clamp_(0.0, 1.0)
+
+
+def _find_tstar(px, py, geo, k: int, golden_steps: int = GOLDEN_STEPS) -> torch.Tensor:
     """argmax_t g(t) per pixel: coarse samples then golden-section refinement."""
-    x0, y0, x1, y1, x2, y2, r0, r1, _, _ = geo
-    best_g = None
-    best_i = None
-    for i in range(k):
-        g = _g_value(i / (k - 1), px, py, geo)
-        if best_g is None:
-            best_g, best_i = g, torch.zeros_like(g)
-        else:
-            better = g > best_g
-            best_g = torch.where(better, g, best_g)
-            best_i = torch.where(better, torch.full_like(g, float(i)), best_i)
+    best_g = _g_value(0.0, px, py, geo)
+    best_t = torch.zeros_like(best_g)
+    for i in range(1, k):
+        ti = i / (k - 1)
+        g = _g_value(ti, px, py, geo)
+        best_t = best_t + _step_mask(g - best_g) * (ti - best_t)
+        best_g = torch.maximum(best_g, g)
     step = 1.0 / (k - 1)
-    t = best_i * step
-    lo = (t - step).clamp(min=0.0)
-    hi = (t + step).clamp(max=1.0)
+    lo = (best_t - step).clamp_(min=0.0)
+    hi = (best_t + step).clamp_(max=1.0)
     # Golden-section search on the bracket: g is unimodal there but has a
     # cone-like kink near the curve (|x-B(t)| -> 0) that derails Newton, so a
-    # derivative-free search is the robust choice. Each iteration shrinks the
-    # bracket by 0.618; the coarse sample is kept if it is still better.
+    # derivative-free search is the robust choice.
     phi = 0.6180339887498949
     a, b = lo, hi
     c = b - phi * (b - a)
     d = a + phi * (b - a)
     gc = _g_value(c, px, py, geo)
     gd = _g_value(d, px, py, geo)
-    for _ in range(GOLDEN_STEPS):
-        left = gc > gd
-        a = torch.where(left, a, c)
-        b = torch.where(left, d, b)
-        nc = torch.where(left, b - phi * (b - a), d)
-        nd = torch.where(left, c, a + phi * (b - a))
-        gnew = _g_value(torch.where(left, nc, nd), px, py, geo)
-        gc, gd = torch.where(left, gnew, gd), torch.where(left, gc, gnew)
+    for _ in range(golden_steps):
+        left = _step_mask(gc - gd)  # 1: maximum lies in [a, d]
+        a = torch.lerp(c, a, left)
+        b = torch.lerp(b, d, left)
+        nc = torch.lerp(d, b - phi * (b - a), left)
+        nd = torch.lerp(a + phi * (b - a), c, left)
+        gnew = _g_value(torch.lerp(nd, nc, left), px, py, geo)
+        gc, gd = torch.lerp(gd, gnew, left), torch.lerp(gnew, gc, left)
         c, d = nc, nd
-    t_gs = torch.where(gc > gd, c, d)
-    g_gs = torch.maximum(gc, gd)
-    return torch.where(g_gs >= best_g, t_gs, t)
+    left = _step_mask(gc - gd)
+    t_gs = torch.lerp(d, c, left)
+    # keep the coarse sample if the search did not beat it
+    return torch.lerp(best_t, t_gs, _step_mask(torch.maximum(gc, gd) - best_g + 1e-7))
 
 
 def _g_value(t, px, py, geo):
+    """g(t) = r(t) - |x - B(t)|; Bezier in power form (fewer full-size ops)."""
     x0, y0, x1, y1, x2, y2, r0, r1, _, _ = geo
-    u = 1.0 - t
-    bx = u * u * x0 + 2 * t * u * x1 + t * t * x2
-    by = u * u * y0 + 2 * t * u * y1 + t * t * y2
-    return r0 + (r1 - r0) * t - torch.sqrt((bx - px) ** 2 + (by - py) ** 2)
+    bx = (x0 - px) + t * (2 * (x1 - x0) + t * (x0 - 2 * x1 + x2))
+    by = (y0 - py) + t * (2 * (y1 - y0) + t * (y0 - 2 * y1 + y2))
+    return r0 + (r1 - r0) * t - torch.sqrt(bx * bx + by * by)
 
 
 def stroke_alpha(params: torch.Tensor, h: int, w: int, *, x_off: int = 0, y_off: int = 0,
-                 crop_h: int | None = None, crop_w: int | None = None, k: int | None = None) -> torch.Tensor:
+                 crop_h: int | None = None, crop_w: int | None = None, k: int | None = None,
+                 golden_steps: int = GOLDEN_STEPS) -> torch.Tensor:
     """Alpha maps (B, crop_h, crop_w) for strokes ``params`` (B, 13) on an h x w canvas.
 
     Differentiable w.r.t. ``params``. ``x_off/y_off/crop_*`` select a window of
     the canvas (used to skip pixels outside a stroke's bounding box).
+    ``k``/``golden_steps`` below the defaults give a cheaper, approximate
+    render (used inside the painter's optimisation loop only).
     """
     ch = h if crop_h is None else crop_h
     cw = w if crop_w is None else crop_w
@@ -225,8 +235,8 @@ def stroke_alpha(params: torch.Tensor, h: int, w: int, *, x_off: int = 0, y_off:
     geo = _geometry(params, h, w)
     with torch.no_grad():
         geo_ng = tuple(g.detach() for g in geo)
-        tstar = _find_tstar(px, py, geo_ng, k)
-    g, _, _ = _g_terms(tstar, px, py, geo)
+        tstar = _find_tstar(px, py, geo_ng, k, golden_steps)
+    g = _g_value(tstar, px, py, geo)
     a0, a1 = geo[8], geo[9]
     opacity = a0 + (a1 - a0) * tstar
     return opacity * (g + 0.5).clamp(0.0, 1.0)
@@ -257,7 +267,8 @@ def render_batch_onto(canvas: torch.Tensor, params: torch.Tensor) -> torch.Tenso
     return torch.cat(outs, 0)
 
 
-def render_sequence(params: torch.Tensor, h: int, w: int, canvas: torch.Tensor | None = None) -> torch.Tensor:
+def render_sequence(params: torch.Tensor, h: int, w: int, canvas: torch.Tensor | None = None,
+                    k: int | None = None, golden_steps: int = GOLDEN_STEPS) -> torch.Tensor:
     """Composite strokes (N, 13) in order onto ``canvas`` (default white) -> (3,H,W).
 
     Fully vectorised (differentiable): the final colour is
@@ -268,7 +279,8 @@ def render_sequence(params: torch.Tensor, h: int, w: int, canvas: torch.Tensor |
         canvas = torch.ones(3, h, w, device=dev, dtype=dt)
     if params.shape[0] == 0:
         return canvas
-    alphas = torch.cat([stroke_alpha(params[s:e], h, w) for s, e in _chunks(params.shape[0], h * w)], 0)
+    alphas = torch.cat([stroke_alpha(params[s:e], h, w, k=k, golden_steps=golden_steps)
+                        for s, e in _chunks(params.shape[0], h * w)], 0)
     keep = 1 - alphas  # (N,H,W)
     # transmittance after stroke i: prod_{j>i} keep_j (reverse exclusive cumprod)
     rev = torch.flip(keep, [0])
