@@ -1,0 +1,7 @@
+"""`python -m toolserver`: the same as the `toolserver` command."""
+
+import sys
+
+from toolserver.cli import main
+
+sys.exit(main())

@@ -1,0 +1,140 @@
+"""`toolserver serve --config configs/serve/local_cpu.yaml [--dry-run]` and `toolserver status`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Sequence
+
+from toolserver.serve_config import ServeConfig, ServeConfigError, check_bind, check_placement
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        cfg = ServeConfig.load(args.config)
+        if args.host:
+            cfg.http.host = args.host
+        if args.port:
+            cfg.http.port = args.port
+        cfg.check()
+    except (ServeConfigError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from toolserver.backends import BACKEND_FACTORIES
+
+    report = check_placement(cfg, set(BACKEND_FACTORIES))
+    token = os.environ.get(cfg.http.token_env) or None
+    try:
+        check_bind(cfg.http, token)
+    except ServeConfigError as e:
+        report.errors.append(str(e))
+    print(report.render())
+    if args.dry_run or not report.ok:
+        return 0 if report.ok else 1
+
+    import ray
+
+    from toolserver.serve_app import deploy
+
+    # Joining an existing cluster (`ray start`) lets the server outlive this process with --detach.
+    ray.init(address=args.address, include_dashboard=False if args.address is None else None, log_to_driver=True)
+    ingress = deploy(cfg, token)
+    described = ingress.describe.remote().result(timeout_s=120)
+    for tool, d in sorted(described.items()):
+        flag = "  WARNING: random weights, plumbing only" if d["plumbing_only"] else ""
+        print(f"  {tool:16s} {','.join(d['tools'])} backend={d['backend']}{' batched' if d['batched'] else ''}{flag}")
+    if cfg.http.enabled:
+        print(f"serving {cfg.app_name!r} on http://{cfg.http.host}:{cfg.http.port}  (health: /healthz, tools: /v1/tools)")
+    else:
+        print(f"serving {cfg.app_name!r} to Ray handles only (HTTP disabled)")
+    if args.detach:
+        return 0
+    print("Ctrl-C to stop")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    from ray import serve
+
+    serve.delete(cfg.app_name)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    rc = 0
+    if args.url:
+        import httpx
+
+        try:
+            r = httpx.get(args.url.rstrip("/") + "/healthz", timeout=5)
+            print(f"{args.url}/healthz: HTTP {r.status_code} {r.text[:500]}")
+            rc = 0 if r.status_code == 200 else 1
+        except httpx.HTTPError as e:
+            print(f"{args.url}/healthz: unreachable ({e})")
+            rc = 1
+    if args.url and args.address is None:
+        return rc
+    import ray
+    from ray import serve
+
+    try:
+        ray.init(address=args.address or "auto", log_to_driver=False)
+    except ConnectionError as e:
+        print(f"no Ray cluster at {args.address or 'auto'}: {e}")
+        return 1
+    status = serve.status()
+    app = status.applications.get(args.app)
+    if app is None:
+        print(f"no Serve application {args.app!r}; running: {', '.join(status.applications) or 'none'}")
+        return 1
+    out = {
+        "app": args.app,
+        "status": str(app.status.value if hasattr(app.status, "value") else app.status),
+        "deployments": {
+            name: {
+                "status": str(d.status.value if hasattr(d.status, "value") else d.status),
+                "replicas": {str(k.value if hasattr(k, "value") else k): v for k, v in d.replica_states.items()},
+                "message": d.message,
+            }
+            for name, d in app.deployments.items()
+        },
+        "proxies": {node: str(p.value if hasattr(p, "value") else p) for node, p in status.proxies.items()},
+    }
+    print(json.dumps(out, indent=2))
+    return rc if out["status"] == "RUNNING" else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="toolserver", description="Serve the CanvasAgent toolbox with Ray Serve.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="deploy the tool server")
+    s.add_argument("--config", default="local_cpu", help="configs/serve/<name>.yaml or a path")
+    s.add_argument("--dry-run", action="store_true", help="validate the config and GPU placement; load nothing")
+    s.add_argument("--address", default=None, help="Ray cluster to join (default: start a local one; 'auto' joins `ray start`)")
+    s.add_argument("--host", default=None, help="override http.host")
+    s.add_argument("--port", type=int, default=None, help="override http.port")
+    s.add_argument("--detach", action="store_true", help="return after deploying (needs a cluster that outlives this process)")
+    s.set_defaults(func=_serve)
+    st = sub.add_parser("status", help="show the running tool server")
+    st.add_argument("--address", default=None, help="Ray cluster (default: auto)")
+    st.add_argument("--app", default="toolserver")
+    st.add_argument("--url", default=None, help="also (or only) check http://HOST:PORT/healthz")
+    st.set_defaults(func=_status)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("TOOLSERVER_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

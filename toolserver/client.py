@@ -1,0 +1,232 @@
+"""Remote toolboxes: the same `Toolbox` interface over a Ray Serve handle or over HTTP.
+
+`canvasagent.config.make_toolbox` calls `make_remote_toolbox(cfg)` for `client: ray | http`.
+Both clients retry when a replica dies or the server is briefly unreachable, and turn every
+other problem into a failed `ToolResult`: a rollout sees an error observation, never an
+exception.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from toolserver.registry import REGISTRY
+from toolserver.request import ToolRequest
+from toolserver.results import ToolResult
+from toolserver.serve_config import DEFAULT_APP_NAME, DEFAULT_MAX_PIXELS, DEFAULT_TOKEN_ENV, unconfigured_result
+from toolserver.toolbox import LocalToolbox
+from toolserver.validation import Profile
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HTTP_URL = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass
+class RetryPolicy:
+    attempts: int = 6
+    backoff_s: float = 0.1  # doubled after each failure...
+    max_backoff_s: float = 2.0  # ...up to this; six attempts cover a replica restart (~5 s)
+
+    def delays(self) -> Iterator[float]:
+        d = self.backoff_s
+        for _ in range(self.attempts - 1):
+            yield d
+            d = min(d * 2, self.max_backoff_s)
+
+
+def _with_retries(policy: RetryPolicy, attempt: Callable[[], ToolResult | Exception], tool: str) -> ToolResult:
+    """Run `attempt` until it returns a result; an Exception return means "retry"."""
+    delays = policy.delays()
+    while True:
+        out = attempt()
+        if isinstance(out, ToolResult):
+            return out
+        delay = next(delays, None)
+        if delay is None:
+            return ToolResult.failure("toolserver_unavailable", f"{tool}: the tool server did not answer after {policy.attempts} attempts ({type(out).__name__}: {str(out)[:300]})")
+        log.warning("%s: retrying in %.2f s after %s: %s", tool, delay, type(out).__name__, str(out)[:200])
+        time.sleep(delay)
+
+
+def _not_served(tool: str) -> ToolResult:
+    if tool in REGISTRY:
+        return ToolResult.failure("not_served", f"{tool} is not served by this tool server")
+    return ToolResult.failure("unknown_tool", f"unknown tool {tool!r:.60}")
+
+
+class RayToolbox:
+    """Calls tool deployments directly through Serve handles (no HTTP, no PNG)."""
+
+    def __init__(
+        self,
+        app_name: str = DEFAULT_APP_NAME,
+        address: str | None = None,
+        profile: Profile = Profile.CANVASCRAFT,
+        retry: RetryPolicy | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ):
+        import ray
+        from ray import serve
+
+        from toolserver.serve_app import RETRYABLE
+
+        self.profile = profile
+        self.retry = retry or RetryPolicy()
+        self._retryable = RETRYABLE
+        if not ray.is_initialized():
+            # "auto" joins the cluster on this node that `toolserver serve` / `ray start` made.
+            ray.init(address=address or "auto", log_to_driver=False)
+        ingress = serve.get_app_handle(app_name)
+        manifest = ingress.manifest.remote().result(timeout_s=60)
+        self.manifest: dict[str, dict[str, Any]] = manifest["tools"]
+        by_name = {info["deployment"] for info in self.manifest.values() if info["deployment"]}
+        handles = {name: serve.get_deployment_handle(name, app_name) for name in by_name}
+        self.handles = {tool: handles[info["deployment"]] for tool, info in self.manifest.items() if info["deployment"]}
+        # Caller-mode pure tools run here, exactly as in-process.
+        self.local = LocalToolbox(profile=profile, max_output_pixels=min(max_pixels, manifest["max_pixels"]))
+
+    def call(self, request: ToolRequest) -> ToolResult:
+        t0 = time.perf_counter()
+        try:
+            result = self._call(request)
+        except Exception as e:  # a client bug must not end a rollout either
+            log.exception("ray toolbox failed on %s", request.tool)
+            result = ToolResult.failure("toolserver_error", f"{request.tool}: {type(e).__name__}: {str(e)[:300]}")
+        result.elapsed_s = time.perf_counter() - t0
+        return result
+
+    def _call(self, request: ToolRequest) -> ToolResult:
+        from toolserver.wire import WireRequest
+
+        info = self.manifest.get(request.tool)
+        if info is None:
+            return _not_served(request.tool)
+        if info["mode"] == "caller":
+            return self.local.call(request)
+        if info["mode"] == "unconfigured":
+            return unconfigured_result(request.tool)
+        handle, timeout = self.handles[request.tool], float(info["timeout_s"])
+        wire = WireRequest.pack(request)
+
+        def attempt() -> ToolResult | Exception:
+            resp = handle.remote(wire)
+            try:
+                return resp.result(timeout_s=timeout).unpack()
+            except TimeoutError:
+                resp.cancel()
+                return ToolResult.failure("timeout", f"{request.tool} did not finish within {timeout:g} s")
+            except self._retryable as e:
+                return e
+
+        return _with_retries(self.retry, attempt, request.tool)
+
+    def close(self) -> None:
+        self.local.close()
+
+
+class HttpToolbox:
+    """Calls the ingress over HTTP with base64 PNG images."""
+
+    RETRY_STATUS = frozenset({500, 502, 503})  # 504 is a tool timeout: rerunning it would double the wait
+
+    def __init__(
+        self,
+        url: str = DEFAULT_HTTP_URL,
+        token: str | None = None,
+        profile: Profile = Profile.CANVASCRAFT,
+        retry: RetryPolicy | None = None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        timeout_margin_s: float = 5.0,
+    ):
+        import httpx
+
+        self.profile = profile
+        self.retry = retry or RetryPolicy()
+        self.max_pixels = max_pixels
+        self.margin = timeout_margin_s
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._httpx = httpx
+        self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=DEFAULT_TIMEOUT_S + timeout_margin_s)
+        self._timeouts: dict[str, float] | None = None
+        self._lock = threading.Lock()
+
+    def _timeout(self, tool: str) -> float:
+        # Fetched lazily, so building a toolbox does not need the server up yet.
+        with self._lock:
+            if self._timeouts is None:
+                try:
+                    r = self.client.get("/v1/tools", timeout=10)
+                    r.raise_for_status()
+                    self._timeouts = {t["name"]: float(t["timeout_s"]) for t in r.json()["tools"]}
+                except Exception as e:
+                    log.warning("could not read tool timeouts from the server (%s); using %g s", e, DEFAULT_TIMEOUT_S)
+                    return DEFAULT_TIMEOUT_S
+            return self._timeouts.get(tool, DEFAULT_TIMEOUT_S)
+
+    def call(self, request: ToolRequest) -> ToolResult:
+        from toolserver import http_codec
+
+        t0 = time.perf_counter()
+        try:
+            body = json.dumps(http_codec.request_to_json(request)).encode()
+            result = self._post(request.tool, body)
+        except Exception as e:
+            log.exception("http toolbox failed on %s", request.tool)
+            result = ToolResult.failure("toolserver_error", f"{request.tool}: {type(e).__name__}: {str(e)[:300]}")
+        result.elapsed_s = time.perf_counter() - t0
+        return result
+
+    def _post(self, tool: str, body: bytes) -> ToolResult:
+        from toolserver import http_codec
+
+        httpx = self._httpx
+        timeout = self._timeout(tool) + self.margin
+
+        def attempt() -> ToolResult | Exception:
+            try:
+                r = self.client.post(f"/v1/tools/{tool}", content=body, headers={"content-type": "application/json"}, timeout=timeout)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+                return e
+            except httpx.TimeoutException:
+                return ToolResult.failure("timeout", f"{tool} did not answer within {timeout:g} s")
+            if r.status_code == 200:
+                return http_codec.result_from_json(r.json(), self.max_pixels)
+            if r.status_code in self.RETRY_STATUS:
+                return RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+            try:
+                err = r.json()["error"]
+                return ToolResult.failure(str(err["code"]), str(err["message"]))
+            except (ValueError, KeyError, TypeError):
+                return ToolResult.failure(f"http_{r.status_code}", r.text[:300])
+
+        return _with_retries(self.retry, attempt, tool)
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        r = self.client.get("/v1/tools")
+        r.raise_for_status()
+        return r.json()["tools"]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def make_remote_toolbox(cfg: Any):
+    """The remote toolbox for a `canvasagent.config.ToolsConfig` with client ray|http.
+
+    For `ray`, `url` is the Ray address (default "auto"); for `http`, the server's base URL.
+    """
+    profile = Profile(cfg.profile)
+    if cfg.client == "ray":
+        return RayToolbox(address=cfg.url, profile=profile, max_pixels=cfg.max_pixels)
+    if cfg.client == "http":
+        token = os.environ.get(cfg.token_env or DEFAULT_TOKEN_ENV) or None
+        return HttpToolbox(url=cfg.url or DEFAULT_HTTP_URL, token=token, profile=profile, max_pixels=cfg.max_pixels)
+    raise ValueError(f"make_remote_toolbox handles client ray|http, not {cfg.client!r}")

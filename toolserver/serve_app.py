@@ -1,0 +1,281 @@
+"""The Ray Serve application: one deployment per served tool, plus an HTTP ingress.
+
+Inside Ray, requests and results travel as `toolserver.wire` objects (numpy arrays); PNG and
+base64 exist only in the ingress, for HTTP callers. Every replica executes through a
+`LocalToolbox`, so errors, output limits and plumbing-only warnings behave exactly as they do
+in-process.
+"""
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from toolserver import http_codec
+from toolserver.backends import build_backend
+from toolserver.registry import REGISTRY, Backend
+from toolserver.request import ToolRequest
+from toolserver.results import ToolResult
+from toolserver.serve_config import Mode, ServeConfig, check_bind, ray_actor_options, unconfigured_result
+from toolserver.toolbox import LocalToolbox
+from toolserver.wire import WireRequest, WireResult
+
+log = logging.getLogger(__name__)
+
+INGRESS_NAME = "Ingress"
+# Errors after which the same call may succeed on another (or a restarted) replica.
+RETRYABLE = (RayActorError, DeploymentUnavailableError, BackPressureError)
+
+
+def token_digest(token: str | None) -> str | None:
+    # Replicas get only a digest, so the token never sits in Ray's deployment config.
+    return hashlib.sha256(token.encode()).hexdigest() if token else None
+
+
+# ---------------------------------------------------------------------- tool replicas
+@serve.deployment
+class ToolDeployment:
+    """One model tool, or one or more pure tools.
+
+    The model backend is built in the constructor, so a bad backend name or params fails the
+    deploy itself (backends may still load weights lazily on the first call).
+    """
+
+    def __init__(
+        self, tools: list[str], backend: str | None, params: dict[str, Any], max_batch_size: int, batch_wait_timeout_s: float, max_pixels: int
+    ):
+        self.tools = frozenset(tools)
+        self.tool = tools[0] if len(tools) == 1 else "+".join(tools)
+        fn = None
+        if any(REGISTRY[t].backend is Backend.MODEL for t in tools):
+            assert len(tools) == 1 and backend, f"{tools}: a model tool is deployed alone and with a backend"
+            fn = build_backend(backend, params)
+        self.backend_name = backend or "pure"
+        self.fn = fn
+        self.box = LocalToolbox(backends={self.tool: fn} if fn is not None else {}, max_output_pixels=max_pixels)
+        # Model code is rarely thread-safe and a GPU runs one batch at a time anyway: one thread.
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tool-{self.tool}")
+        self.batched = max_batch_size > 1 and callable(getattr(fn, "batch_call", None))
+        if self.batched:
+            self._batch.set_max_batch_size(max_batch_size)
+            self._batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.plumbing_only = bool(getattr(fn, "plumbing_only", False))
+        if self.plumbing_only:
+            log.warning("%s is served by the random-weight %r backend: plumbing only, not real results", self.tool, backend)
+
+    async def __call__(self, wire: WireRequest) -> WireResult:
+        if wire.tool not in self.tools:
+            return WireResult.pack(ToolResult.failure("not_served", f"deployment {self.tool} does not serve {wire.tool!r:.60}"))
+        req = wire.unpack()
+        if self.fn is None:
+            # Pure tools take about a millisecond; a thread hop would cost as much as the tool.
+            return WireResult.pack(self.box.call(req))
+        if self.batched:
+            return WireResult.pack(await self._batch(req))
+        result = await asyncio.get_running_loop().run_in_executor(self.pool, self.box.call, req)
+        return WireResult.pack(result)
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
+    async def _batch(self, reqs: list[ToolRequest]) -> list[ToolResult]:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, self._run_batch, reqs)
+
+    def _run_batch(self, reqs: list[ToolRequest]) -> list[ToolResult]:
+        if len(reqs) > 1:
+            t0 = time.perf_counter()
+            try:
+                results = list(self.fn.batch_call(reqs))  # type: ignore[union-attr]
+                if len(results) == len(reqs):
+                    for r in results:
+                        r.elapsed_s = r.elapsed_s or (time.perf_counter() - t0) / len(reqs)
+                    return results
+                log.error("%s batch_call returned %d results for %d requests; retrying one by one", self.tool, len(results), len(reqs))
+            except Exception:
+                # One bad input must not fail its batch-mates: fall back to per-item calls,
+                # where LocalToolbox turns that input's error into its own failed result.
+                log.exception("%s batch_call failed; retrying one by one", self.tool)
+        return [self.box.call(r) for r in reqs]
+
+    def describe(self) -> dict[str, Any]:
+        return {"tools": sorted(self.tools), "backend": self.backend_name, "plumbing_only": self.plumbing_only, "batched": self.batched}
+
+    def __del__(self) -> None:
+        box = getattr(self, "box", None)  # absent when the constructor failed
+        if box is not None:
+            box.close()
+
+
+# ---------------------------------------------------------------------- HTTP ingress
+api = FastAPI(title="CanvasAgent toolserver")
+
+
+def _error(status: int, code: str, message: str) -> JSONResponse:
+    return JSONResponse(http_codec.error_json(code, message), status_code=status)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return _error(exc.status_code, "http_error", str(exc.detail))
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    return _error(422, "bad_request", str(exc.errors())[:500])
+
+
+class TooLarge(Exception):
+    pass
+
+
+async def read_limited(request: Request, limit: int) -> bytes:
+    """The body, refusing more than `limit` bytes whether or not Content-Length is honest."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def authorized(header: str | None, digest: str | None) -> bool:
+    if digest is None:
+        return True
+    if not header or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(hashlib.sha256(header[7:].strip().encode()).hexdigest(), digest)
+
+
+@serve.deployment
+@serve.ingress(api)
+class Ingress:
+    """Routes HTTP calls to tool replicas, runs caller-mode pure tools, and serves the manifest."""
+
+    def __init__(self, handles: dict[str, Any], config: dict[str, Any], auth_digest: str | None):
+        self.cfg = ServeConfig.from_dict(config)
+        self.handles = handles
+        self.digest = auth_digest
+        # Defence in depth: the same refusal as the CLI, in case someone deploys the app by hand.
+        if self.cfg.http.enabled and auth_digest is None:
+            check_bind(self.cfg.http, None)
+        self.local = LocalToolbox(max_output_pixels=self.cfg.max_pixels)
+        self.codec_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="png")
+
+    # -- for Ray clients (called through the app handle, not over HTTP)
+    def manifest(self) -> dict[str, Any]:
+        return {"app": self.cfg.app_name, "max_pixels": self.cfg.max_pixels, "tools": self.cfg.manifest()}
+
+    async def describe(self) -> dict[str, Any]:
+        """Deployment name -> what its replica runs (backend, plumbing-only, batched)."""
+        return {name: await h.describe.remote() for name, h in self.handles.items()}
+
+    async def run(self, tool: str, req: ToolRequest) -> ToolResult:
+        """Execute one call from inside Ray; raises the retryable errors for the caller to handle."""
+        mode = self.cfg.mode(tool)
+        if mode is Mode.UNCONFIGURED:
+            return unconfigured_result(tool)
+        if mode is Mode.CALLER:
+            return await asyncio.get_running_loop().run_in_executor(None, self.local.call, req)
+        wire = await self.handles[self.cfg.deployment_for(tool)].remote(WireRequest.pack(req))
+        return wire.unpack()
+
+    # -- HTTP
+    @api.get("/healthz")
+    async def healthz(self) -> dict[str, Any]:
+        return {"status": "ok", "app": self.cfg.app_name, "tools": {k: v["mode"] for k, v in self.cfg.manifest().items()}}
+
+    @api.get("/v1/tools")
+    async def list_tools(self, request: Request) -> Any:
+        if not authorized(request.headers.get("authorization"), self.digest):
+            return _error(401, "unauthorized", "missing or wrong bearer token")
+        manifest = self.cfg.manifest()
+        return {
+            "app": self.cfg.app_name,
+            "max_pixels": self.cfg.max_pixels,
+            "max_request_bytes": self.cfg.http.max_request_bytes,
+            "tools": [{"name": n, **manifest[n], "schema": REGISTRY[n].openai_schema()} for n in manifest],
+        }
+
+    @api.post("/v1/tools/{name}")
+    async def call_tool(self, name: str, request: Request) -> Any:
+        if not authorized(request.headers.get("authorization"), self.digest):
+            return _error(401, "unauthorized", "missing or wrong bearer token")
+        if name not in self.cfg.tools:
+            return _error(404, "unknown_tool", f"unknown tool {name!r:.60}; served: {', '.join(self.cfg.tools)}")
+        try:
+            body = await read_limited(request, self.cfg.http.max_request_bytes)
+        except TooLarge:
+            return _error(413, "request_too_large", f"request body over the {self.cfg.http.max_request_bytes:,}-byte limit")
+        loop = asyncio.get_running_loop()
+        try:
+            payload = json.loads(body)
+            req = await loop.run_in_executor(self.codec_pool, http_codec.request_from_json, name, payload, self.cfg.max_pixels)
+        except json.JSONDecodeError:
+            return _error(400, "bad_request", "the request body is not JSON")
+        except http_codec.BadImage as e:
+            return _error(413 if e.code == "too_many_pixels" else 400, e.code, str(e))
+        timeout = self.cfg.timeout_s(name)
+        try:
+            result = await asyncio.wait_for(self.run(name, req), timeout)
+        except asyncio.TimeoutError:
+            return _error(504, "timeout", f"{name} did not finish within {timeout:g} s")
+        except RETRYABLE as e:
+            return _error(503, "replica_unavailable", f"{name}: {type(e).__name__}: {str(e)[:300]}")
+        except Exception as e:  # structured, never a bare 500 page
+            log.exception("ingress failed on %s", name)
+            return _error(500, "toolserver_error", f"{name}: {type(e).__name__}: {str(e)[:300]}")
+        out = await loop.run_in_executor(self.codec_pool, http_codec.result_to_json, result)
+        return JSONResponse(out)
+
+
+# ---------------------------------------------------------------------- building and starting
+def build_app(cfg: ServeConfig, token: str | None = None):
+    """The Serve application for `cfg`; refuses a public bind without a token."""
+    check_bind(cfg.http, token)
+    handles = {}
+    for name, (served, tcfg) in cfg.deployments().items():
+        opts: dict[str, Any] = {
+            "name": name,
+            "ray_actor_options": ray_actor_options(cfg, tcfg),
+            "max_ongoing_requests": tcfg.max_ongoing_requests,
+        }
+        if tcfg.autoscaling_config:
+            opts["autoscaling_config"] = tcfg.autoscaling_config
+        else:
+            opts["num_replicas"] = tcfg.num_replicas
+        handles[name] = ToolDeployment.options(**opts).bind(
+            served, tcfg.backend, dict(tcfg.params), tcfg.max_batch_size, tcfg.batch_wait_timeout_s, cfg.max_pixels
+        )
+    return Ingress.options(
+        name=INGRESS_NAME,
+        ray_actor_options=dict(cfg.http.ray_actor_options),
+        num_replicas=cfg.http.num_replicas,
+        max_ongoing_requests=cfg.http.max_ongoing_requests,
+    ).bind(handles, cfg.to_dict(), token_digest(token))
+
+
+def deploy(cfg: ServeConfig, token: str | None = None):
+    """Start Serve (HTTP on the configured host/port) and run the app; returns the ingress handle.
+
+    Needs a connected Ray (`ray.init`). Blocks until every replica is up.
+    """
+    app = build_app(cfg, token)  # before serve.start, so a refused bind opens no port
+    if cfg.http.enabled:
+        serve.start(http_options={"host": cfg.http.host, "port": cfg.http.port}, proxy_location="HeadOnly")
+        return serve.run(app, name=cfg.app_name, route_prefix="/")
+    serve.start(proxy_location="Disabled")
+    return serve.run(app, name=cfg.app_name, route_prefix=None)

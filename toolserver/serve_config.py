@@ -1,0 +1,351 @@
+"""Serving config (`configs/serve/*.yaml`) and the placement check behind `serve --dry-run`.
+
+The set of deployments is derived from the tool registry: every model-backed tool gets a
+deployment when the config gives it a backend, and every pure tool runs either as a light
+CPU deployment or in the caller. The config only tunes what the registry declares; naming a
+tool the registry does not know is an error, so no second tool list can drift.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from toolserver.registry import REGISTRY, Backend, ToolSpec, tools
+from toolserver.results import ToolResult
+
+DEFAULT_TOKEN_ENV = "CANVASAGENT_TOOLSERVER_TOKEN"  # same default as canvasagent.config.ToolsConfig
+DEFAULT_APP_NAME = "toolserver"
+DEFAULT_MAX_PIXELS = 40_000_000
+_EPS = 1e-9
+PURE_DEPLOYMENT = "PureTools"
+PURE_MODES = ("deployment", "shared", "caller")
+
+
+class ServeConfigError(ValueError):
+    """The serve config cannot be served as written (bad keys, placement, missing token...)."""
+
+
+class Mode(str, Enum):
+    DEPLOYMENT = "deployment"  # a Ray Serve deployment of its own
+    CALLER = "caller"  # pure tools only: run in whoever calls (the client or the HTTP ingress)
+    UNCONFIGURED = "unconfigured"  # a model tool without a backend: calls fail clearly
+
+
+@dataclass
+class ToolServeConfig:
+    """How one tool is served. Fields mirror Ray Serve's deployment options where they exist."""
+
+    backend: str | None = None  # model tools: a name in toolserver.backends.BACKEND_FACTORIES
+    params: dict[str, Any] = field(default_factory=dict)
+    mode: str | None = None  # pure tools: deployment | caller; None means ServeConfig.pure_mode
+    ray_actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0.1})
+    num_replicas: int | None = 1  # ignored when autoscaling_config is set
+    autoscaling_config: dict[str, Any] | None = None
+    max_ongoing_requests: int = 8
+    # >1 turns on @serve.batch, used only if the backend exposes batch_call(list[ToolRequest]).
+    max_batch_size: int = 1
+    batch_wait_timeout_s: float = 0.01
+    timeout_s: float | None = None  # None: ServeConfig.default_timeout_s
+    # Which GPU of the tool server this tool's num_gpus fraction is planned on. Checked by the
+    # dry run; with ServeConfig.pin_resource_prefix it also pins replicas (see docs/serving.md).
+    gpu: int | None = None
+
+    @property
+    def num_gpus(self) -> float:
+        return float(self.ray_actor_options.get("num_gpus", 0) or 0)
+
+    @property
+    def num_cpus(self) -> float:
+        # Ray's own default for a replica is one CPU.
+        return float(self.ray_actor_options.get("num_cpus", 1))
+
+    @property
+    def max_replicas(self) -> int:
+        if self.autoscaling_config:
+            return int(self.autoscaling_config.get("max_replicas", 1))
+        return int(self.num_replicas or 1)
+
+
+@dataclass
+class HttpConfig:
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 8000
+    token_env: str = DEFAULT_TOKEN_ENV
+    max_request_bytes: int = 64 * 1024 * 1024
+    # The ingress deployment is a router: it decodes PNGs and forwards arrays to tool replicas.
+    ray_actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0.1})
+    num_replicas: int = 1
+    max_ongoing_requests: int = 64
+
+
+@dataclass
+class ServeConfig:
+    app_name: str = DEFAULT_APP_NAME
+    family: str = "canvasagent"
+    # Where pure tools run unless a tool says otherwise: `deployment` (one each), `shared` (one
+    # deployment, PURE_DEPLOYMENT, for all of them: fewer processes) or `caller`.
+    pure_mode: str = "deployment"
+    pure: ToolServeConfig = field(default_factory=ToolServeConfig)  # options of the shared deployment
+    num_gpus: int = 0  # GPUs reserved for the tool server; the dry run packs fractions into them
+    # Every model tool must have a backend (a production config); offline configs leave some out.
+    require_all_model_tools: bool = False
+    pin_resource_prefix: str | None = None
+    default_timeout_s: float = 120.0
+    max_pixels: int = DEFAULT_MAX_PIXELS  # per input image at the HTTP edge, per output everywhere
+    http: HttpConfig = field(default_factory=HttpConfig)
+    tools: dict[str, ToolServeConfig] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> "ServeConfig":
+        from canvasagent.config import find_config, load_yaml
+
+        return cls.from_dict(load_yaml(find_config(name_or_path, "serve")))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ServeConfig":
+        from canvasagent.config import from_dict
+
+        data = copy.deepcopy(data)
+        defaults = data.pop("defaults", None) or {}
+        tool_data = data.pop("tools", None) or {}
+        http = data.pop("http", None) or {}
+        pure = data.pop("pure", None) or {}
+        try:
+            cfg = from_dict(cls, data)
+            cfg.http = from_dict(HttpConfig, http)
+            cfg.pure = from_dict(ToolServeConfig, _merge(defaults, pure))
+            cfg.tools = {name: from_dict(ToolServeConfig, _merge(defaults, body or {})) for name, body in tool_data.items()}
+            # Tools the YAML leaves out still get the defaults (a pure tool becomes a deployment).
+            for spec in servable_tools(cfg.family):
+                cfg.tools.setdefault(spec.name, from_dict(ToolServeConfig, copy.deepcopy(defaults)))
+        except (TypeError, ValueError) as e:
+            raise ServeConfigError(str(e)) from None
+        cfg.check()
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    # ------------------------------------------------------------------ derived views
+    def mode(self, tool: str) -> Mode:
+        spec, tcfg = REGISTRY[tool], self.tools[tool]
+        if spec.backend is Backend.PURE:
+            return Mode.CALLER if (tcfg.mode or self.pure_mode) == Mode.CALLER.value else Mode.DEPLOYMENT
+        return Mode.DEPLOYMENT if tcfg.backend not in (None, "", "none") else Mode.UNCONFIGURED
+
+    def deployment_for(self, tool: str) -> str | None:
+        if self.mode(tool) is not Mode.DEPLOYMENT:
+            return None
+        shared = REGISTRY[tool].backend is Backend.PURE and (self.tools[tool].mode or self.pure_mode) == "shared"
+        return PURE_DEPLOYMENT if shared else tool  # named after the tool, so `serve status` reads naturally
+
+    def deployments(self) -> dict[str, tuple[list[str], ToolServeConfig]]:
+        """Deployment name -> (the tools it serves, its options), in registry order."""
+        out: dict[str, tuple[list[str], ToolServeConfig]] = {}
+        for spec in servable_tools(self.family):
+            name = self.deployment_for(spec.name)
+            if name is not None:
+                tcfg = self.pure if name == PURE_DEPLOYMENT else self.tools[spec.name]
+                out.setdefault(name, ([], tcfg))[0].append(spec.name)
+        return out
+
+    def deployed(self) -> list[str]:
+        return [t.name for t in servable_tools(self.family) if self.mode(t.name) is Mode.DEPLOYMENT]
+
+    def timeout_s(self, tool: str) -> float:
+        t = self.tools[tool].timeout_s
+        return float(t if t is not None else self.default_timeout_s)
+
+    def manifest(self) -> dict[str, dict[str, Any]]:
+        """What a client needs to route a call: per tool, its mode and timeout."""
+        return {
+            t.name: {"mode": self.mode(t.name).value, "timeout_s": self.timeout_s(t.name), "deployment": self.deployment_for(t.name)}
+            for t in servable_tools(self.family)
+        }
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> None:
+        """Structural checks that need no Ray and no weights; raises ServeConfigError."""
+        names = {t.name for t in servable_tools(self.family)}
+        errors: list[str] = []
+        for name, tcfg in self.tools.items():
+            if name not in REGISTRY:
+                errors.append(f"tools.{name}: not a tool in toolserver.registry")
+                continue
+            if name not in names:
+                errors.append(f"tools.{name}: {REGISTRY[name].backend.value} tools of family {REGISTRY[name].family!r} are not served")
+                continue
+            spec = REGISTRY[name]
+            if tcfg.mode not in (None, *PURE_MODES):
+                errors.append(f"tools.{name}.mode: {tcfg.mode!r} is not deployment|caller")
+            if spec.backend is Backend.PURE and tcfg.backend:
+                errors.append(f"tools.{name}: a pure tool takes no backend")
+            if spec.backend is Backend.MODEL and tcfg.mode not in (None, Mode.DEPLOYMENT.value):
+                errors.append(f"tools.{name}: model tools run only as deployments")
+            if tcfg.max_batch_size < 1 or tcfg.batch_wait_timeout_s < 0:
+                errors.append(f"tools.{name}: max_batch_size must be >= 1 and batch_wait_timeout_s >= 0")
+            if tcfg.timeout_s is not None and tcfg.timeout_s <= 0:
+                errors.append(f"tools.{name}.timeout_s must be positive")
+            if tcfg.num_replicas is not None and tcfg.num_replicas < 1 and not tcfg.autoscaling_config:
+                errors.append(f"tools.{name}.num_replicas must be >= 1")
+        if self.pure_mode not in PURE_MODES:
+            errors.append(f"pure_mode: {self.pure_mode!r} is not one of {'|'.join(PURE_MODES)}")
+        if not 0 < self.http.port < 65536:
+            errors.append(f"http.port {self.http.port} is out of range")
+        if self.http.max_request_bytes <= 0 or self.max_pixels <= 0:
+            errors.append("http.max_request_bytes and max_pixels must be positive")
+        if errors:
+            raise ServeConfigError("; ".join(errors))
+
+
+def servable_tools(family: str = "canvasagent") -> tuple[ToolSpec, ...]:
+    """Registry tools a tool server can run: stateful tools act on an environment's own state."""
+    return tuple(t for t in tools(family) if t.backend is not Backend.STATEFUL)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def unconfigured_result(tool: str) -> ToolResult:
+    """What a call to a model tool without a backend returns, from the handle or over HTTP."""
+    return ToolResult.failure(
+        "backend_not_configured",
+        f"{tool} needs a model backend and this tool server has none configured "
+        f"(set tools.{tool}.backend in configs/serve/*.yaml)",
+    )
+
+
+# ---------------------------------------------------------------------- auth rule
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a hostname we cannot vouch for counts as public
+
+
+def check_bind(http: HttpConfig, token: str | None) -> None:
+    """Refuse to expose the toolbox beyond loopback without a bearer token."""
+    if http.enabled and not is_loopback(http.host) and not token:
+        raise ServeConfigError(
+            f"http.host={http.host!r} is not a loopback address, so a bearer token is required: "
+            f"set ${http.token_env} before starting the server"
+        )
+
+
+# ---------------------------------------------------------------------- placement (dry run)
+@dataclass
+class PlacementReport:
+    gpus: dict[int, list[tuple[str, float]]] = field(default_factory=dict)  # gpu -> (tool, fraction x max replicas)
+    cpus: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    unconfigured: list[str] = field(default_factory=list)
+    cpu_models: list[str] = field(default_factory=list)  # model tools planned without a GPU
+    replica_fractions: list[float] = field(default_factory=list)  # one entry per GPU replica
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def gpu_load(self, gpu: int) -> float:
+        return sum(f for _, f in self.gpus.get(gpu, []))
+
+    def render(self) -> str:
+        lines = []
+        for g in sorted(self.gpus):
+            parts = ", ".join(f"{t} {f:g}" for t, f in self.gpus[g])
+            lines.append(f"GPU {g}: {self.gpu_load(g):.2f} of 1.00  ({parts})")
+        lines.append(f"CPUs reserved (at max replicas): {self.cpus:g}")
+        if self.cpu_models:
+            lines.append(f"model tools on CPU: {', '.join(self.cpu_models)}")
+        if self.unconfigured:
+            lines.append(f"model tools without a backend (calls fail with backend_not_configured): {', '.join(self.unconfigured)}")
+        lines += [f"warning: {w}" for w in self.warnings]
+        lines += [f"error: {e}" for e in self.errors]
+        lines.append("config OK" if self.ok else "config INVALID")
+        return "\n".join(lines)
+
+
+def check_placement(cfg: ServeConfig, known_backends: set[str] | None = None) -> PlacementReport:
+    """Validate the GPU plan without Ray or weights.
+
+    Ray packs fractional `num_gpus` onto whichever GPU has room, in the order replicas start,
+    so the planned grouping (`gpu:`) is what we can check: every model tool is placed, each
+    GPU's fractions (counted at max replicas, since autoscaling may reach it) sum to <= 1.
+    """
+    rep = PlacementReport(gpus={g: [] for g in range(cfg.num_gpus)})
+    for spec in servable_tools(cfg.family):
+        if cfg.mode(spec.name) is Mode.UNCONFIGURED:
+            rep.unconfigured.append(spec.name)
+            if cfg.require_all_model_tools:
+                rep.errors.append(f"{spec.name}: model tool has no backend (require_all_model_tools is set)")
+    for name, (served, tcfg) in cfg.deployments().items():
+        if known_backends is not None and tcfg.backend and tcfg.backend not in known_backends:
+            rep.errors.append(f"{name}: unknown backend {tcfg.backend!r}; registered: {', '.join(sorted(known_backends)) or 'none'}")
+        rep.cpus += tcfg.num_cpus * tcfg.max_replicas
+        frac = tcfg.num_gpus
+        if frac <= 0:
+            rep.cpu_models += [t for t in served if REGISTRY[t].backend is Backend.MODEL]
+            if tcfg.gpu is not None:
+                rep.errors.append(f"{name}: gpu={tcfg.gpu} but num_gpus is 0")
+            continue
+        if frac > 1 + _EPS:
+            rep.errors.append(f"{name}: num_gpus={frac:g} > 1; a tool replica is planned onto one GPU")
+        if tcfg.gpu is None or not 0 <= tcfg.gpu < cfg.num_gpus:
+            rep.errors.append(f"{name}: needs num_gpus={frac:g} but is not placed (gpu: must be in 0..{cfg.num_gpus - 1})")
+            continue
+        rep.gpus[tcfg.gpu].append((name, frac * tcfg.max_replicas))
+        rep.replica_fractions += [frac] * tcfg.max_replicas
+    for g, items in rep.gpus.items():
+        load = rep.gpu_load(g)
+        if load > 1 + _EPS:
+            rep.errors.append(f"GPU {g} is oversubscribed: {load:.2f} > 1 ({', '.join(t for t, _ in items)})")
+        elif not items:
+            rep.warnings.append(f"GPU {g} has no tools")
+    if cfg.num_gpus and not cfg.pin_resource_prefix and not rep.errors and not _packs_in_any_order(rep.replica_fractions, cfg.num_gpus):
+        rep.warnings.append(
+            "Ray packs fractional GPUs in replica start order, which may not reproduce this grouping; "
+            "set pin_resource_prefix (one Ray node per tool GPU) to enforce it"
+        )
+    return rep
+
+
+def _packs_in_any_order(items: list[float], n_gpus: int) -> bool:
+    """True if first-fit packing of these fractions succeeds whatever order replicas start in."""
+    from itertools import permutations
+
+    if len(items) > 8:  # 40320 orders; beyond that, say nothing rather than stall the CLI
+        return True
+    for order in set(permutations(items)):
+        free = [1.0] * n_gpus
+        for f in order:
+            slot = next((i for i, c in enumerate(free) if c + _EPS >= f), None)
+            if slot is None:
+                return False
+            free[slot] -= f
+    return True
+
+
+def ray_actor_options(cfg: ServeConfig, tcfg: ToolServeConfig) -> dict[str, Any]:
+    """A deployment's actor options, plus a pinning resource when the config asks for one."""
+    opts = copy.deepcopy(tcfg.ray_actor_options)
+    if cfg.pin_resource_prefix and tcfg.gpu is not None and tcfg.num_gpus > 0:
+        # A tiny amount of a per-GPU custom resource forces the replica onto the Ray node that
+        # owns that GPU; Ray still accounts the GPU fraction itself.
+        res = dict(opts.get("resources") or {})
+        res[f"{cfg.pin_resource_prefix}{tcfg.gpu}"] = 0.001
+        opts["resources"] = res
+    return opts
