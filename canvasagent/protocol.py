@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from canvasagent.models.special_tokens import PROTOCOL_TOKENS, TERMINATE
+from canvasagent.models.special_tokens import REASON_END as REASON_CLOSE
+from canvasagent.models.special_tokens import REASON_START as REASON_OPEN
+from canvasagent.models.special_tokens import TOOL_CALL_END as CALL_CLOSE
+from canvasagent.models.special_tokens import TOOL_CALL_START as CALL_OPEN
 from toolserver.registry import openai_schemas, tool_names
 
-REASON_OPEN, REASON_CLOSE = "<reason>", "</reason>"
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-TERMINATE = "<Terminate>"
-PROTOCOL_TOKENS = (REASON_OPEN, REASON_CLOSE, CALL_OPEN, CALL_CLOSE, TERMINATE)
+__all__ = ["PROTOCOL_TOKENS", "TERMINATE", "REASON_OPEN", "REASON_CLOSE", "CALL_OPEN", "CALL_CLOSE", "parse_reply"]
 
 
 class FormatCheck(str, Enum):
