@@ -1,0 +1,109 @@
+"""The evaluation runner, metrics, report and `canvasagent eval`, offline."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from canvasagent.cli import main as cli_main
+from canvasagent.evaluation import api as eval_api
+from canvasagent.evaluation.metrics import summarize
+from canvasagent.evaluation.runner import EvalConfig, EvalRunner
+from canvasagent.evaluation.tasks_io import TaskLoadError, load_tasks
+from canvasagent.policies.guards import GuardConfig
+from canvasagent.policies.spec import PolicyFactory
+from canvasagent.trajectory import Trajectory
+from tests.evaluation.conftest import fake_score
+
+
+def test_load_tasks_both_formats(eval_split, tmp_path):
+    tasks = load_tasks(eval_split)
+    assert [t.id for t in tasks] == ["t0", "t1", "t2"] and tasks[0].images[0].size == (48, 32)
+    public = tmp_path / "rl.jsonl"
+    public.write_text(json.dumps({"path": ["Flip"], "image": [str(eval_split / "images" / "t0_1.png")], "prompt": "flip", "extra_info": {"id": 7, "tone": "x"}}) + "\n")
+    (t,) = load_tasks(public)
+    assert (t.id, t.instruction, t.expected_tools, t.meta) == ("7", "flip", ["Flip"], {"tone": "x"})
+    with pytest.raises(TaskLoadError):
+        load_tasks(tmp_path / "nothing")
+
+
+def test_runner_scores_saves_and_resumes(eval_split, tmp_path):
+    tasks = load_tasks(eval_split)
+    out = tmp_path / "out"
+    calls = []
+
+    def counting(traj):
+        calls.append(traj.task.id)
+        return fake_score(traj)
+
+    results = EvalRunner(PolicyFactory("scripted:expected"), counting, out, EvalConfig(workers=2)).run(tasks)
+    assert sorted(calls) == ["t0", "t1", "t2"]
+    assert all(r.scores["align"] == 1.0 and r.success and r.n_calls == 2 for r in results)
+    for t in tasks:
+        traj = Trajectory.load(out / "trajectories" / t.id)
+        assert traj.tool_sequence == ["Flip", "Crop"]
+    # Rerun: nothing is re-executed or rescored.
+    again = EvalRunner(PolicyFactory("scripted:garbage"), counting, out).run(tasks)
+    assert len(calls) == 3 and [r.task_id for r in again] == ["t0", "t1", "t2"]
+    # A task whose result was lost is rescored from its saved trajectory, not rerun.
+    (out / "trajectories" / "t1" / "result.json").unlink()
+    again = EvalRunner(PolicyFactory("scripted:garbage"), counting, out).run(tasks)
+    assert calls[-1] == "t1" and again[1].n_calls == 2
+
+    s = summarize(again)
+    assert s.metrics["calls"] == 2.0 and s.success_rate == 1.0
+    assert s.tools["Flip"].calls == 3 and s.tools["Crop"].success_rate == 1.0
+    assert set(s.by_label) == {"R=easy", "L=easy", "L=medium"}
+
+
+def test_scorer_failure_keeps_trajectory(eval_split, tmp_path):
+    def broken(traj):
+        raise RuntimeError("judge down")
+
+    res = EvalRunner(PolicyFactory("scripted:flip"), broken, tmp_path / "o").run(load_tasks(eval_split))
+    assert res == []
+    assert all((tmp_path / "o" / "trajectories" / f"t{i}" / "trajectory.json").exists() for i in range(3))
+    res = EvalRunner(PolicyFactory("scripted:garbage"), fake_score, tmp_path / "o").run(load_tasks(eval_split))
+    assert [r.n_calls for r in res] == [1, 1, 1]  # scored from disk; the garbage policy never ran
+
+
+def test_garbage_policy_in_eval_is_recorded_as_error(eval_split, tmp_path):
+    cfg = EvalConfig(workers=1, guard=GuardConfig(max_consecutive_invalid=2))
+    res = EvalRunner(PolicyFactory("scripted:garbage"), fake_score, tmp_path / "o", cfg).run(load_tasks(eval_split, limit=1))
+    assert res[0].stop_reason == "policy_error" and "invalid replies" in res[0].error and not res[0].success
+
+
+def test_cancel_saves_partial_trajectories(eval_split, tmp_path):
+    runner = EvalRunner(PolicyFactory("scripted:garbage"), fake_score, tmp_path / "o", EvalConfig(workers=1, guard=GuardConfig(0)))
+    runner.cancel.set()  # as after Ctrl-C: each running episode stops at its next turn
+    assert runner.run(load_tasks(eval_split)) == []
+    traj = Trajectory.load(tmp_path / "o" / "trajectories" / "t0")
+    assert traj.stop_reason == "interrupted"
+    # Interrupted tasks are rerun on resume.
+    res = EvalRunner(PolicyFactory("scripted:flip"), fake_score, tmp_path / "o").run(load_tasks(eval_split))
+    assert len(res) == 3 and all(r.stop_reason == "terminate" for r in res)
+
+
+def test_eval_cli_end_to_end_replay(eval_split, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(eval_api, "make_scorer", lambda judge, preset: fake_score)
+    # Record the scripted run, then replay it through the CLI: replay keys on task ids.
+    EvalRunner(PolicyFactory("scripted:expected"), fake_score, tmp_path / "rec").run(load_tasks(eval_split))
+    out = tmp_path / "eval"
+    rc = cli_main(["eval", "--policy", f"replay:{tmp_path / 'rec' / 'trajectories'}", "--tasks", str(eval_split), "--judge", "offline", "--out", str(out), "--workers", "2"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "| Overall | Align. | Aes. | Traj. | Rule | Calls |" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["summary"]["n_tasks"] == 3 and report["summary"]["metrics"]["calls"] == 2.0
+    assert (out / "report.md").read_text().startswith("# Evaluation")
+    assert (out / "metrics.png").stat().st_size > 1000 and (out / "tool_calls.png").exists()
+
+
+def test_eval_cli_reports_bad_input(eval_split, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(eval_api, "make_scorer", lambda judge, preset: fake_score)
+    assert cli_main(["eval", "--policy", "nope:x", "--tasks", str(eval_split), "--out", str(tmp_path / "o")]) == 2
+    assert cli_main(["eval", "--policy", "scripted:flip", "--tasks", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown policy kind" in err and "does not exist" in err
