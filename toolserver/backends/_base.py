@@ -1,0 +1,166 @@
+"""Plumbing shared by the model backends: typed params, lazy thread-safe loading, device and
+dtype choice, clear "unavailable" errors, and marking results from random-weight models.
+
+Backends load their model on first use (listing tools or running pure ones must stay cheap)
+and may be called from several threads at once (Ray Serve replicas run requests concurrently),
+so loading is guarded by a lock and inference by a per-backend lock where the library keeps
+per-call state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Generic, TypeVar
+
+from PIL import Image
+
+from toolserver.results import ToolError, ToolResult
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Written into every tiny random-weight checkpoint by `toolserver.backends.tiny`. Whatever the
+#: config says, a model directory holding it produces plumbing-only results.
+TINY_MARKER = "canvasagent_tiny.json"
+
+PLUMBING_NOTE = "[plumbing only: produced by a random-weight test model; not a real result]"
+
+
+class BackendUnavailable(ToolError):
+    """A backend cannot run here (package, weights or device missing). Says how to fix it."""
+
+    def __init__(self, message: str):
+        super().__init__("backend_unavailable", message)
+
+
+def parse_params(cls: type[T], params: dict[str, Any] | None, backend: str) -> T:
+    """Build a params dataclass, refusing unknown keys so a typo in a tools config fails loudly."""
+    params = dict(params or {})
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise ValueError(f"backend {backend!r}: unknown params {unknown}; allowed: {sorted(names)}")
+    return cls(**params)
+
+
+class Lazy(Generic[T]):
+    """A value built once, on first `get()`, safely under concurrent callers.
+
+    A failed build is not cached, so a fixed environment (weights copied in later) recovers
+    without restarting the server.
+    """
+
+    def __init__(self, build: Callable[[], T]):
+        self._build = build
+        self._value: T | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._value is not None
+
+    def get(self) -> T:
+        if self._value is None:
+            with self._lock:
+                if self._value is None:
+                    self._value = self._build()
+        return self._value
+
+
+_SHARED: dict[tuple[Any, ...], Lazy[Any]] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(key: tuple[Any, ...], build: Callable[[], T]) -> T:
+    """One loaded model per key per process, e.g. Generation and Edit on the same pipeline."""
+    with _SHARED_LOCK:
+        lazy = _SHARED.setdefault(key, Lazy(build))
+    return lazy.get()
+
+
+def require(module: str, install_hint: str) -> ModuleType:
+    """Import `module` or raise BackendUnavailable naming what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise BackendUnavailable(f"{module} is not importable ({e}); {install_hint}") from e
+
+
+def resolve_device(device: str | None) -> str:
+    """'auto' picks CUDA when present. Asking for CUDA on a machine without it is an error, not
+    a silent fallback, because a 4B model on the CPU would look like a hang."""
+    import torch
+
+    device = (device or "auto").lower()
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BackendUnavailable(f"device {device!r} requested but CUDA is not available here; set device: cpu (slow) or auto")
+    return device
+
+
+_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16", "half": "float16", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+
+
+def resolve_dtype(dtype: str | None, device: str) -> Any:
+    """'auto' is bfloat16 on CUDA and float32 on the CPU (CPU half precision is slow or unsupported)."""
+    import torch
+
+    name = (dtype or "auto").lower()
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    try:
+        return getattr(torch, _DTYPES[name])
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of auto, {', '.join(sorted(_DTYPES))}") from None
+
+
+def tiny_meta(source: str | Path) -> dict[str, Any] | None:
+    """The tiny-model marker of a local checkpoint directory, or None for a real checkpoint."""
+    marker = Path(source) / TINY_MARKER
+    if not marker.is_file():
+        return None
+    return json.loads(marker.read_text())
+
+
+def hf_from_pretrained(loader: Callable[..., T], source: str, what: str, **kwargs: Any) -> T:
+    """`loader(source, **kwargs)` with offline / missing-weights failures turned into a clear error."""
+    try:
+        return loader(source, **kwargs)
+    except (OSError, ValueError) as e:
+        local = Path(source).exists()
+        hint = (
+            "the directory exists but does not hold a loadable checkpoint"
+            if local
+            else "it is neither a local directory nor reachable on the model hub (offline? HF_HUB_OFFLINE set?); "
+            "download it once with `huggingface-cli download` or point the config at a local path"
+        )
+        raise BackendUnavailable(f"cannot load {what} from {source!r}: {hint}. ({type(e).__name__}: {e})") from e
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB for a model input. Transparent pixels are composited on white, not dropped to black,
+    so text on a cut-out stays readable."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(canvas, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def mark_plumbing(result: ToolResult, plumbing_only: bool) -> ToolResult:
+    """Flag a result from random weights and say so in the text the policy reads."""
+    if plumbing_only:
+        result.plumbing_only = True
+        sep = "" if result.text.endswith("\n") else "\n"
+        result.text = f"{result.text}{sep}{PLUMBING_NOTE}"
+    return result

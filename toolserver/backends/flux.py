@@ -1,0 +1,187 @@
+"""ImageGeneration and ImageEdit with FLUX.2 [klein] through diffusers.
+
+* Generation: `Flux2KleinPipeline(prompt=...)` at the configured size (512x512, 4 steps,
+  guidance 1.0 by default: the public settings; klein is step-distilled so guidance is ignored).
+* Edit: the same pipeline with ``image=`` as the reference.
+* Masked edit (``masked_image`` given): `Flux2KleinInpaintPipeline`, built from the same loaded
+  components, so it costs no extra memory.
+
+One backend serves both tools, and Generation and Edit in one process share the loaded pipeline.
+Edits work at a size the pipeline accepts (sides >= 64 and multiples of 16, area capped by
+``max_pixels``) and the result is resized back, so an edit keeps its input's size.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from PIL import Image
+
+from toolserver.backends._base import (
+    Lazy,
+    hf_from_pretrained,
+    mark_plumbing,
+    parse_params,
+    require,
+    resolve_device,
+    resolve_dtype,
+    shared,
+    tiny_meta,
+    to_rgb,
+)
+from toolserver.registry import OutputKind
+from toolserver.request import ToolRequest
+from toolserver.results import ToolError, ToolResult
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "black-forest-labs/FLUX.2-klein-4B"
+MIN_SIDE = 64  # Flux2ImageProcessor refuses reference images below this
+MAX_ASPECT = 8.0  # ... and beyond this aspect ratio
+MULTIPLE = 16  # VAE factor 8 x 2x2 latent patches
+
+
+@dataclass
+class FluxParams:
+    model: str = DEFAULT_MODEL
+    steps: int = 4
+    guidance: float = 1.0
+    width: int = 512
+    height: int = 512
+    strength: float = 0.9  # masked edit: how much of the masked region is re-noised
+    max_pixels: int = 1024 * 1024  # working-area cap for edits (the pipeline's own cap)
+    seed: int | None = None  # None: a fresh sample per call
+    device: str = "auto"
+    dtype: str = "auto"  # bfloat16 on CUDA, float32 on the CPU
+    cpu_offload: bool = False  # diffusers model CPU offload for small GPUs
+    pipeline_kwargs: dict[str, Any] = field(default_factory=dict)  # extra __call__ arguments
+    plumbing_only: bool = False
+
+
+@dataclass
+class _Pipes:
+    base: Any
+    device: str
+    _inpaint: Any = None
+
+    def inpaint(self) -> Any:
+        if self._inpaint is None:
+            from diffusers import Flux2KleinInpaintPipeline
+
+            self._inpaint = Flux2KleinInpaintPipeline(**self.base.components)
+            self._inpaint.set_progress_bar_config(disable=True)
+        return self._inpaint
+
+
+def working_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
+    """A size the pipeline accepts with the input's aspect ratio: area <= max_pixels, each side
+    >= 64, both multiples of 16."""
+    if max(width, height) / max(min(width, height), 1) > MAX_ASPECT:
+        raise ToolError("unsupported_aspect_ratio", f"ImageEdit supports aspect ratios up to {MAX_ASPECT:g}:1; got {width}x{height}")
+    scale = min(1.0, math.sqrt(max_pixels / (width * height)))
+    scale = max(scale, MIN_SIDE / min(width, height))
+    w = max(MIN_SIDE, int(width * scale) // MULTIPLE * MULTIPLE)
+    h = max(MIN_SIDE, int(height * scale) // MULTIPLE * MULTIPLE)
+    return w, h
+
+
+def _dtype_kwarg(diffusers: Any, dtype: Any) -> dict[str, Any]:
+    """diffusers 0.42 renamed `torch_dtype` to `dtype` (the old name warns); older ones know only the old."""
+    from packaging.version import Version
+
+    return {"dtype": dtype} if Version(diffusers.__version__) >= Version("0.42") else {"torch_dtype": dtype}
+
+
+class FluxBackend:
+    name = "flux2-klein"
+
+    def __init__(self, params: FluxParams):
+        self.params = params
+        meta = tiny_meta(params.model)
+        self.plumbing_only = params.plumbing_only or meta is not None
+        # A tiny checkpoint records the call arguments its shrunken architecture needs (which
+        # text-encoder layers to read, a short max_sequence_length); the config's own win.
+        self.call_kwargs = {**((meta or {}).get("pipeline_kwargs") or {}), **params.pipeline_kwargs}
+        if "text_encoder_out_layers" in self.call_kwargs:
+            self.call_kwargs["text_encoder_out_layers"] = tuple(self.call_kwargs["text_encoder_out_layers"])
+        self._pipes: Lazy[_Pipes] = Lazy(self._load)
+        self._lock = threading.Lock()  # diffusers pipelines keep per-call state (timesteps, guidance)
+
+    def _load(self) -> _Pipes:
+        diffusers = require("diffusers", "pip install 'diffusers>=0.36'")
+        p = self.params
+        device = resolve_device(p.device)
+        dtype = resolve_dtype(p.dtype, device)
+
+        def build() -> _Pipes:
+            pipe = hf_from_pretrained(diffusers.Flux2KleinPipeline.from_pretrained, p.model, "the FLUX.2 klein pipeline", **_dtype_kwarg(diffusers, dtype))
+            pipe.set_progress_bar_config(disable=True)
+            if p.cpu_offload and device.startswith("cuda"):
+                pipe.enable_model_cpu_offload()
+            else:
+                pipe.to(device)
+            log.info("loaded FLUX.2 klein %s on %s (%s)", p.model, device, dtype)
+            return _Pipes(pipe, device)
+
+        return shared(("flux2-klein", p.model, device, str(dtype), p.cpu_offload), build)
+
+    def _generator(self) -> Any:
+        import torch
+
+        if self.params.seed is None:
+            return None
+        return torch.Generator(device="cpu").manual_seed(self.params.seed)
+
+    def _common(self) -> dict[str, Any]:
+        p = self.params
+        return {"num_inference_steps": p.steps, "guidance_scale": p.guidance, "generator": self._generator(), **self.call_kwargs}
+
+    def generate(self, prompt: str) -> Image.Image:
+        pipes = self._pipes.get()
+        p = self.params
+        with self._lock:
+            return pipes.base(prompt=prompt, width=p.width, height=p.height, **self._common()).images[0]
+
+    def edit(self, image: Image.Image, prompt: str, mask: Image.Image | None = None) -> Image.Image:
+        pipes = self._pipes.get()
+        src = to_rgb(image)
+        w, h = working_size(src.width, src.height, self.params.max_pixels)
+        work = src.resize((w, h), Image.Resampling.LANCZOS) if (w, h) != src.size else src
+        with self._lock:
+            if mask is None:
+                out = pipes.base(image=work, prompt=prompt, width=w, height=h, **self._common()).images[0]
+            else:
+                m = mask.convert("L").resize((w, h), Image.Resampling.NEAREST)
+                out = pipes.inpaint()(
+                    image=work, mask_image=m, prompt=prompt, width=w, height=h, strength=self.params.strength, **self._common()
+                ).images[0]
+        return out.resize(src.size, Image.Resampling.LANCZOS) if out.size != src.size else out
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        if request.tool == "ImageGeneration":
+            prompt = str(request.args["prompt"])
+            image = self.generate(prompt)
+            text = f"Generated image for prompt: {prompt}"
+        elif request.tool == "ImageEdit":
+            prompt = str(request.args["edit_prompt"])
+            image = self.edit(request.images["image"], prompt, request.images.get("masked_image"))
+            text = f"Edited image with instruction: {prompt}"
+        else:
+            raise ToolError("wrong_backend", f"the flux2-klein backend serves ImageGeneration and ImageEdit, not {request.tool}")
+        result = ToolResult(
+            ok=True,
+            text=text,
+            kind=OutputKind.IMAGE,
+            image=image.convert("RGB"),
+            data={"size": list(image.size), "masked": request.images.get("masked_image") is not None},
+            backend=self.name,
+        )
+        return mark_plumbing(result, self.plumbing_only)
+
+
+def flux2_klein(**params: Any) -> FluxBackend:
+    return FluxBackend(parse_params(FluxParams, params, "flux2-klein"))

@@ -1,0 +1,151 @@
+"""Grounding with a zero-shot object detector from transformers (Grounding-DINO by default).
+
+Any checkpoint under ``AutoModelForZeroShotObjectDetection`` whose processor has
+``post_process_grounded_object_detection`` works, by hub id or local path. Without torchvision
+transformers resolves the PIL image processor, so this runs on a CPU-only torch too.
+
+Output follows the public CanvasAgent Grounding tool: boxes ``[xmin, ymin, xmax, ymax]`` as
+integers in 0-1000 (the coordinates SAM and Crop take), thresholds 0.35 (box) / 0.25 (text).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+
+from toolserver.backends._base import (
+    Lazy,
+    hf_from_pretrained,
+    mark_plumbing,
+    parse_params,
+    require,
+    resolve_device,
+    resolve_dtype,
+    shared,
+    tiny_meta,
+    to_rgb,
+)
+from toolserver.registry import OutputKind
+from toolserver.request import ToolRequest
+from toolserver.results import ToolResult
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "IDEA-Research/grounding-dino-base"
+_SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]")
+
+
+@dataclass
+class GroundingParams:
+    model: str = DEFAULT_MODEL  # hub id or local directory
+    box_threshold: float = 0.35
+    text_threshold: float = 0.25
+    max_detections: int = 100  # keep the best N; a real model rarely passes the threshold this often
+    device: str = "auto"
+    dtype: str = "float32"  # the deformable-attention kernels are most reliable in fp32
+    plumbing_only: bool = False  # forced on for tiny random-weight checkpoints
+
+
+@dataclass
+class Detection:
+    phrase: str
+    box: list[int]  # [xmin, ymin, xmax, ymax] in 0-1000
+    score: float
+
+
+def prompt_text(reference_text: str) -> str:
+    """Grounding-DINO separates categories with ' . ' and expects the prompt to end with '.'."""
+    text = reference_text.strip()
+    return text if text.endswith(".") else f"{text} ."
+
+
+def clean_phrase(label: str, fallback: str) -> str:
+    for tok in _SPECIAL_TOKENS:
+        label = label.replace(tok, " ")
+    label = " ".join(label.split()).strip(" .")
+    return label or fallback
+
+
+def to_1000(box: Any, width: int, height: int, normalised: bool) -> list[int]:
+    x0, y0, x1, y1 = (float(v) for v in box)
+    if not normalised:
+        x0, x1, y0, y1 = x0 / width, x1 / width, y0 / height, y1 / height
+    return [min(max(round(v * 1000), 0), 1000) for v in (x0, y0, x1, y1)]
+
+
+def format_detections(dets: list[Detection], reference_text: str) -> str:
+    if not dets:
+        return f"No objects matching '{reference_text}' were found in the image."
+    rows = "".join(f"  - '{d.phrase}': {d.box} (confidence: {d.score:.2f})\n" for d in dets)
+    return f"Found {len(dets)} objects:\n{rows}"
+
+
+class GroundingBackend:
+    name = "grounding-dino"
+
+    def __init__(self, params: GroundingParams):
+        self.params = params
+        self.plumbing_only = params.plumbing_only or tiny_meta(params.model) is not None
+        self._model: Lazy[tuple[Any, Any, str]] = Lazy(self._load)
+        self._lock = threading.Lock()
+
+    def _load(self) -> tuple[Any, Any, str]:
+        p = self.params
+        transformers = require("transformers", "pip install 'transformers>=5'")
+        device = resolve_device(p.device)
+        dtype = resolve_dtype(p.dtype, device)
+
+        def build() -> tuple[Any, Any, str]:
+            processor = hf_from_pretrained(transformers.AutoProcessor.from_pretrained, p.model, "the Grounding processor")
+            model = hf_from_pretrained(transformers.AutoModelForZeroShotObjectDetection.from_pretrained, p.model, "the Grounding model", dtype=dtype)
+            if not hasattr(processor, "post_process_grounded_object_detection"):
+                raise ValueError(f"{p.model!r} has no post_process_grounded_object_detection; use a Grounding-DINO-style checkpoint")
+            log.info("loaded Grounding model %s on %s (%s)", p.model, device, dtype)
+            return processor, model.to(device).eval(), device
+
+        return shared(("grounding", p.model, device, str(dtype)), build)
+
+    def detect(self, image: Image.Image, reference_text: str) -> list[Detection]:
+        import torch
+
+        processor, model, device = self._model.get()
+        rgb = to_rgb(image)
+        inputs = processor(images=rgb, text=prompt_text(reference_text), return_tensors="pt").to(device)
+        inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
+        with self._lock, torch.inference_mode():
+            outputs = model(**inputs)
+        # Without target_sizes the boxes come back relative (0-1) as xyxy: exactly what 0-1000 needs.
+        (res,) = processor.post_process_grounded_object_detection(
+            outputs,
+            inputs["input_ids"],
+            threshold=self.params.box_threshold,
+            text_threshold=self.params.text_threshold,
+        )
+        # "labels" is deprecated (and warns when read) where "text_labels" exists.
+        labels = res["text_labels"] if "text_labels" in res else res.get("labels", [])
+        dets = [
+            Detection(clean_phrase(str(lab), reference_text.strip()), to_1000(box.tolist(), rgb.width, rgb.height, normalised=True), float(score))
+            for box, score, lab in zip(res["boxes"], res["scores"], labels)
+        ]
+        dets.sort(key=lambda d: d.score, reverse=True)
+        return dets[: self.params.max_detections]
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        text = str(request.args["reference_text"])
+        dets = self.detect(request.images["image"], text)
+        result = ToolResult(
+            ok=True,
+            text=format_detections(dets, text),
+            kind=OutputKind.BOXES,
+            data={"boxes": [d.box for d in dets], "phrases": [d.phrase for d in dets], "scores": [round(d.score, 4) for d in dets]},
+            backend=self.name,
+        )
+        return mark_plumbing(result, self.plumbing_only)
+
+
+def grounding_dino(**params: Any) -> GroundingBackend:
+    return GroundingBackend(parse_params(GroundingParams, params, "grounding-dino"))

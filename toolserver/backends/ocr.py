@@ -1,0 +1,213 @@
+"""OCR backends.
+
+* ``rapidocr`` (default): rapidocr 3.x ships the PP-OCRv6 small det/rec and a cls model as ONNX
+  inside its wheel, so this is a real OCR model that works offline. onnxruntime is not a declared
+  dependency of rapidocr; the project depends on it.
+* ``paddleocr``: the full PaddleOCR pipeline for users who have its models. PaddleOCR cannot
+  fetch models offline, so local model directories are accepted and a missing model gives a
+  clear error rather than a network traceback.
+
+Text layout (``text_format``):
+
+* ``lines`` (default): the recognised text, one detected line per line, top to bottom.
+* ``public``: the layout of the public CanvasAgent OCR tool, with per-line confidence and box.
+
+``data`` always holds ``lines``, ``scores`` and ``boxes`` (pixel ``[xmin, ymin, xmax, ymax]``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from PIL import Image
+
+from toolserver.backends._base import BackendUnavailable, Lazy, parse_params, require, to_rgb
+from toolserver.registry import OutputKind
+from toolserver.request import ToolRequest
+from toolserver.results import ToolResult
+
+log = logging.getLogger(__name__)
+
+NO_TEXT = "OCR completed but no text was detected."
+TEXT_FORMATS = ("lines", "public")
+
+
+@dataclass
+class OcrLines:
+    lines: list[str]
+    scores: list[float]
+    boxes: list[list[int]]  # pixel [xmin, ymin, xmax, ymax]
+
+
+def _xyxy(points: Any) -> list[int]:
+    pts = np.asarray(points, dtype=float).reshape(-1, 2)
+    return [int(round(pts[:, 0].min())), int(round(pts[:, 1].min())), int(round(pts[:, 0].max())), int(round(pts[:, 1].max()))]
+
+
+def format_ocr(found: OcrLines, text_format: str) -> str:
+    if not found.lines:
+        return NO_TEXT
+    if text_format == "public":
+        rows = [f"'{t}' (confidence: {s:.2f}, box: {b})" for t, s, b in zip(found.lines, found.scores, found.boxes)]
+        return f"OCR Results ({len(rows)} text regions found):\n" + "\n".join(rows)
+    return "\n".join(found.lines)
+
+
+def _result(found: OcrLines, text_format: str, backend: str) -> ToolResult:
+    return ToolResult(
+        ok=True,
+        text=format_ocr(found, text_format),
+        kind=OutputKind.TEXT,
+        data={"lines": found.lines, "boxes": found.boxes, "scores": found.scores},
+        backend=backend,
+    )
+
+
+def _check_format(text_format: str) -> None:
+    if text_format not in TEXT_FORMATS:
+        raise ValueError(f"text_format must be one of {TEXT_FORMATS}, got {text_format!r}")
+
+
+# --------------------------------------------------------------------------------------- rapidocr
+
+
+@dataclass
+class RapidOcrParams:
+    text_format: str = "lines"
+    text_score: float = 0.5  # rapidocr's own default: lines recognised below this are dropped
+    use_cls: bool = True  # text-line orientation classifier (rotated text)
+    threads: int = 0  # onnxruntime intra-op threads; 0 = onnxruntime's choice
+    # Optional local ONNX files replacing the shipped PP-OCRv6 ones.
+    det_model_path: str | None = None
+    rec_model_path: str | None = None
+    cls_model_path: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # raw rapidocr params ("Det.box_thresh": 0.5, ...)
+
+
+class RapidOcrBackend:
+    name = "rapidocr"
+
+    def __init__(self, params: RapidOcrParams):
+        _check_format(params.text_format)
+        self.params = params
+        self._engine: Lazy[Any] = Lazy(self._load)
+        # The rapidocr engine keeps per-call state in its preprocessing objects.
+        self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        rapidocr = require("rapidocr", "pip install 'rapidocr>=3' onnxruntime")
+        require("onnxruntime", "pip install onnxruntime (rapidocr does not declare it)")
+        p = self.params
+        cfg: dict[str, Any] = {"Global.log_level": "warning", "Global.text_score": p.text_score, "Global.use_cls": p.use_cls}
+        if p.threads:
+            cfg["EngineConfig.onnxruntime.intra_op_num_threads"] = p.threads
+        for key, path in (("Det", p.det_model_path), ("Rec", p.rec_model_path), ("Cls", p.cls_model_path)):
+            if path:
+                if not Path(path).is_file():
+                    raise BackendUnavailable(f"rapidocr {key} model {path!r} does not exist")
+                cfg[f"{key}.model_path"] = path
+        cfg.update(p.extra)
+        try:
+            return rapidocr.RapidOCR(params=cfg)
+        except Exception as e:  # e.g. a model type not shipped in the wheel: rapidocr tries to download it
+            raise BackendUnavailable(f"rapidocr failed to initialise ({type(e).__name__}: {e}); the shipped models need no download") from e
+
+    def recognise(self, image: Image.Image) -> OcrLines:
+        engine = self._engine.get()
+        with self._lock:
+            out = engine(to_rgb(image))
+        txts: Sequence[str] = out.txts or ()
+        scores = [round(float(s), 4) for s in (out.scores or ())]
+        boxes = [_xyxy(b) for b in (out.boxes if out.boxes is not None else ())]
+        return OcrLines(list(txts), scores, boxes)
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        return _result(self.recognise(request.images["image"]), self.params.text_format, self.name)
+
+
+def rapidocr(**params: Any) -> RapidOcrBackend:
+    return RapidOcrBackend(parse_params(RapidOcrParams, params, "rapidocr"))
+
+
+# -------------------------------------------------------------------------------------- paddleocr
+
+
+@dataclass
+class PaddleOcrParams:
+    text_format: str = "lines"
+    text_detection_model_dir: str | None = None
+    text_recognition_model_dir: str | None = None
+    text_detection_model_name: str | None = None  # e.g. PP-OCRv5_server_det; must match the dir
+    text_recognition_model_name: str | None = None
+    lang: str | None = None
+    device: str | None = None  # "gpu:0", "cpu"; PaddleOCR's own default when None
+    use_textline_orientation: bool = False
+    text_score: float = 0.5  # drop lines recognised below this, like rapidocr does
+    extra: dict[str, Any] = field(default_factory=dict)  # further PaddleOCR(...) keyword arguments
+
+
+class PaddleOcrBackend:
+    name = "paddleocr"
+
+    def __init__(self, params: PaddleOcrParams):
+        _check_format(params.text_format)
+        self.params = params
+        self._engine: Lazy[Any] = Lazy(self._load)
+        self._lock = threading.Lock()  # PaddleOCR pipelines are not documented as thread-safe
+
+    def _load(self) -> Any:
+        paddleocr = require("paddleocr", "pip install paddleocr paddlepaddle (or paddlepaddle-gpu)")
+        p = self.params
+        kwargs: dict[str, Any] = {
+            # The document preprocessing models are extra downloads and irrelevant to tool images.
+            "use_doc_orientation_classify": False,
+            "use_doc_unwarping": False,
+            "use_textline_orientation": p.use_textline_orientation,
+        }
+        for key in ("text_detection_model_dir", "text_recognition_model_dir"):
+            path = getattr(p, key)
+            if path is not None:
+                if not Path(path).is_dir():
+                    raise BackendUnavailable(f"paddleocr {key} {path!r} is not a directory")
+                kwargs[key] = path
+        for key in ("text_detection_model_name", "text_recognition_model_name", "lang", "device"):
+            if getattr(p, key) is not None:
+                kwargs[key] = getattr(p, key)
+        kwargs.update(p.extra)
+        try:
+            return paddleocr.PaddleOCR(**kwargs)
+        except Exception as e:
+            raise BackendUnavailable(
+                f"PaddleOCR could not be created ({type(e).__name__}: {e}). Offline it cannot download models: "
+                "set text_detection_model_dir and text_recognition_model_dir to local PP-OCR model directories"
+            ) from e
+
+    def recognise(self, image: Image.Image) -> OcrLines:
+        engine = self._engine.get()
+        bgr = np.ascontiguousarray(np.asarray(to_rgb(image))[:, :, ::-1])  # Paddle follows OpenCV's BGR
+        with self._lock:
+            pages = list(engine.predict(bgr))
+        found = OcrLines([], [], [])
+        for page in pages:
+            # PaddleOCR 3.x results are dict subclasses; older ones expose the dict under .json["res"].
+            res = page if isinstance(page, dict) else page.json["res"]
+            polys = res.get("rec_polys") if res.get("rec_polys") is not None else res.get("dt_polys", [])
+            for text, score, poly in zip(res.get("rec_texts", []), res.get("rec_scores", []), polys):
+                if float(score) < self.params.text_score:
+                    continue
+                found.lines.append(str(text))
+                found.scores.append(round(float(score), 4))
+                found.boxes.append(_xyxy(poly))
+        return found
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        return _result(self.recognise(request.images["image"]), self.params.text_format, self.name)
+
+
+def paddleocr(**params: Any) -> PaddleOcrBackend:
+    return PaddleOcrBackend(parse_params(PaddleOcrParams, params, "paddleocr"))

