@@ -72,6 +72,7 @@ class TemplateWriter:
     def write(self, plan: Plan, rng: random.Random, tone: str) -> str:
         p = self.phrasings
         clauses = [p.clause(s, tone, rng) for s in plan.steps]
+        clauses = [c.rstrip("?") for c in clauses[:-1]] + clauses[-1:]  # a question mark only at the end
         body = clauses[0]
         for c in clauses[1:]:
             body += rng.choice(p.joiners) + c

@@ -1,0 +1,241 @@
+"""CanvasCraft-RL: task specs (instruction, inputs, expected tool set) with R/L/D labels and checks.
+
+Each slot draws target levels on the three axes of paper Table 2 from the configured shares,
+then composes chain templates (and conditions in the instruction) until the task meets them.
+Labels are always computed from the task that was built, never copied from the target, so a
+target that could not be met shows up as `target_missed` in the stats rather than as a wrong
+label. Tasks carry verifiable checks for the offline alignment judge; when every tool of the
+reference solution is deterministic, the reference is executed through the episode runner and
+its final image becomes the expected image.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.tasks import Task
+from canvascraft.chains import Chain
+from canvascraft.formats import png
+from canvascraft.plan import Plan, make_plan
+from canvascraft.sft import ChainPolicy, _bump, missing_backends, pick_inputs, quality_control
+from toolserver.registry import REGISTRY, Backend
+
+LEVELS = ("easy", "medium", "hard")
+
+# Conditions a step can be made to depend on. `True` marks a condition on an intermediate
+# result (what Grounding found, what OCR read, the size after a step): state dependency.
+CONDITIONS: dict[str, tuple[str, bool]] = {
+    "Rotate.fix": ("the text is not upright", False),
+    "Flip.fix": ("the text reads back to front", False),
+    "Crop": ("the {target} can be found", True),
+    "SAM": ("the {target} is detected", True),
+    "Overlayer.ocr": ("any text was recognised", True),
+    "SR": ("the result is still small", True),
+    "ImageEdit": ("the {target} is visible", False),
+    "Overlayer.text": ("the {position_name} is free", False),
+    "OCR": ("there is readable text", False),
+}
+
+
+def length_level(n_steps: int) -> str:
+    return "easy" if n_steps <= 4 else "medium" if n_steps <= 8 else "hard"
+
+
+def diversity_level(n_tools: int) -> str:
+    return "easy" if n_tools <= 2 else "medium" if n_tools <= 4 else "hard"
+
+
+def reasoning_level(n_conditions: int, state_dependent: int) -> str:
+    if n_conditions == 0:
+        return "easy"
+    if n_conditions >= 3 or (n_conditions >= 2 and state_dependent >= 1):
+        return "hard"
+    return "medium"
+
+
+_LENGTH_RANGE = {"easy": (1, 4), "medium": (5, 8), "hard": (9, 99)}
+
+
+def compose_chain(ctx_chains: Any, rng: random.Random, length: str, max_steps: int, can_run: Any) -> Chain | None:
+    """Concatenate sampled templates until the length level is reached (None if overshot)."""
+    lo, hi = _LENGTH_RANGE[length]
+    hi = min(hi, max_steps)
+    tools: list[str] = []
+    for _ in range(12):
+        c = ctx_chains.sample(rng)
+        if not can_run(c):
+            continue
+        part = list(c.tools)
+        if tools and part[0] == "ImageGeneration":
+            part = part[1:]  # only a task without input images starts by generating one
+        if not part or (tools and part[0] == tools[-1]):
+            continue  # an immediate repeat (Grounding, Grounding) is redundant, not harder
+        tools.extend(part)
+        if len(tools) >= lo:
+            break
+    if not lo <= len(tools) <= hi:
+        return None
+    return Chain.from_spec({"tools": tools, "group": "rl"})
+
+
+def add_conditions(plan: Plan, reasoning: str, rng: random.Random) -> tuple[int, int]:
+    """Attach conditions to plan steps to reach the reasoning level; returns (count, state-dependent)."""
+    want = {"easy": 0, "medium": rng.choice((1, 2)), "hard": rng.choice((2, 3))}[reasoning]
+    cands = [s for s in plan.steps if s.clause in CONDITIONS]
+    rng.shuffle(cands)
+    if reasoning == "hard" and want == 2:
+        # Two conditions are hard only if one of them depends on an intermediate result.
+        cands.sort(key=lambda s: not CONDITIONS[s.clause][1])
+    chosen = cands[:want]
+    state = 0
+    for s in chosen:
+        text, dep = CONDITIONS[s.clause]
+        s.params["condition"] = text.format(**{k: v for k, v in s.params.items() if isinstance(v, str)})
+        state += dep
+    return len(chosen), state
+
+
+def checks_for(plan: Plan, has_reference: bool) -> list[dict[str, Any]]:
+    """Verifiable checks for the offline alignment judge (see rewards/ for their semantics)."""
+    tools = [s.tool for s in plan.steps]
+    checks: list[dict[str, Any]] = []
+    if has_reference:
+        checks.append({"type": "reference_image", "column": "reference_image", "min_similarity": 0.9})
+    after_edit = "ImageEdit" in tools
+    for i, s in enumerate(plan.steps):
+        later = tools[i + 1 :]
+        # Only when nothing later could hide, turn or cut the text.
+        if s.clause == "Overlayer.text" and not {"ImageEdit", "Overlayer", "Rotate", "Flip", "Crop"} & set(later):
+            checks.append({"type": "ocr_contains", "text": s.params["text"]})
+    text = plan.inputs[0].meta.get("text") if plan.inputs else None
+    if text and not after_edit and "Crop" not in tools and any(s.clause in ("Rotate.fix", "Flip.fix") for s in plan.steps):
+        # The correction should leave the scene's text readable again.
+        checks.append({"type": "ocr_contains", "text": text})
+    if tools[-1] == "OCR" and plan.expect_text:
+        checks.append({"type": "answer_contains", "text": plan.expect_text})
+    n_sr = tools.count("SR")
+    resized = {"Crop", "ImageGeneration"} & set(tools) or any(s.tool == "Rotate" and s.params.get("angle") == 45 for s in plan.steps)
+    if n_sr and not resized and plan.inputs:
+        checks.append({"type": "size_relation", "relation": "scale", "of": "img_1", "factor": 4**n_sr})
+    elif "Crop" in tools and not n_sr and plan.inputs:
+        checks.append({"type": "size_relation", "relation": "smaller", "of": "img_1"})
+    kinds = sorted({k for t, k in (("SAM", "mask"), ("Extract", "rgba")) if t in tools})
+    if kinds:
+        checks.append({"type": "asset_kinds", "kinds": kinds})
+    return checks
+
+
+def _deterministic(chain: Chain) -> bool:
+    return all(REGISTRY[t].backend is Backend.PURE for t in chain.tools)
+
+
+def _draw(shares: dict[str, float], rng: random.Random) -> str:
+    return rng.choices(list(shares), weights=list(shares.values()), k=1)[0]
+
+
+def new_rl_stats() -> dict[str, Any]:
+    return {"slots": 0, "attempts": 0, "kept": 0, "rejected": {}, "target_missed": 0, "reasoning": {}, "length": {}, "diversity": {}, "tones": {}, "steps": {}, "chains": {}, "checks": {}, "with_reference": 0}
+
+
+def build_rl_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from canvascraft.context import context_for
+
+    ctx = context_for(cfg)
+    profile = ctx.toolbox.profile
+    stats = new_rl_stats()
+    rows: list[dict[str, Any]] = []
+    for slot in range(job.start, job.stop):
+        stats["slots"] += 1
+        base = random.Random(f"rl:{job.split}:{job.seed}:{slot}")
+        target = {ax: _draw(getattr(cfg, ax), base) for ax in ("reasoning", "length", "diversity")}
+        best: dict[str, Any] | None = None
+        for attempt in range(cfg.max_attempts):
+            rng = random.Random(f"rl:{job.split}:{job.seed}:{slot}:{attempt}")
+            stats["attempts"] += 1
+            chain = compose_chain(ctx.chains, rng, target["length"], cfg.max_steps, lambda c: True)
+            if chain is None:
+                _bump(stats["rejected"], "length_unmet")
+                continue
+            task = _make_task(cfg, ctx, chain, rng, target, profile, job, slot)
+            if isinstance(task, str):
+                _bump(stats["rejected"], task)
+                continue
+            hit = all(task["labels"][ax] == target[ax] for ax in target)
+            if best is None or hit:
+                best = task
+            if hit:
+                break
+        if best is None:
+            continue
+        labels = best["labels"]
+        if any(labels[ax] != target[ax] for ax in target):
+            stats["target_missed"] += 1
+        rows.append(best["row"])
+        stats["kept"] += 1
+        for ax in ("reasoning", "length", "diversity"):
+            _bump(stats[ax], labels[ax])
+        _bump(stats["tones"], best["row"]["tone"])
+        _bump(stats["steps"], best["row"]["n_steps"])
+        _bump(stats["chains"], best["row"]["chain"] if len(best["row"]["path"]) <= 6 else "composed(>6 steps)")
+        for c in json.loads(best["row"]["checks"]):
+            _bump(stats["checks"], c["type"])
+        stats["with_reference"] += best["row"]["reference_image"] is not None
+    return rows, stats
+
+
+def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dict[str, str], profile: Any, job: Any, slot: int) -> dict[str, Any] | str:
+    inputs = pick_inputs(chain, ctx.source, rng, profile)
+    if inputs is None:
+        return "source_lacks_" + "_".join(chain.needs)
+    plan = make_plan(chain, inputs, rng, profile)
+    n_cond, state = add_conditions(plan, target["reasoning"], rng)
+    tone = _draw(cfg.tones, rng)
+    instruction = ctx.writer.write(plan, rng, tone)
+    labels = {
+        "reasoning": reasoning_level(n_cond, state),
+        "length": length_level(len(chain.tools)),
+        "diversity": diversity_level(chain.distinct_tools),
+    }
+    reference = None
+    if cfg.reference_images and _deterministic(chain) and not missing_backends(chain, ctx.toolbox):
+        # Conditions do not change a deterministic reference: each holds by construction.
+        task = Task(instruction, [i.image for i in inputs], id="reference", expected_tools=list(chain.tools))
+        traj = run_episode(ChainPolicy(plan, ctx.phrasings, rng), task, ctx.toolbox, EpisodeConfig(max_turns=len(chain.tools) + 1))
+        if quality_control(traj, plan):
+            return "reference_failed"
+        final = traj.final_asset()
+        reference = png(final.image) if final else None
+    checks = checks_for(plan, reference is not None)
+    row = {
+        "id": f"rl-{job.split}-{job.seed}-{slot:06d}",
+        "split": job.split,
+        "prompt": instruction,
+        "tone": tone,
+        "chain": chain.name,
+        "images": [png(i.image) for i in inputs],
+        "path": list(chain.tools),
+        "n_steps": len(chain.tools),
+        "n_tools": chain.distinct_tools,
+        "checks": json.dumps(checks, ensure_ascii=False, sort_keys=True),
+        "reference_image": reference,
+        **labels,
+    }
+    return {"row": row, "labels": labels}
+
+
+def task_of(row: dict[str, Any]) -> Task:
+    """A runnable `Task` from an RL row (images as cells with PNG bytes)."""
+    from canvasagent.imageio import open_image
+
+    return Task(
+        instruction=row["prompt"],
+        images=[open_image(c["bytes"]) for c in row["images"]],
+        id=row["id"],
+        expected_tools=list(row["path"]),
+        checks=json.loads(row["checks"] or "[]"),
+        labels={ax: row[ax] for ax in ("reasoning", "length", "diversity")},
+        meta={"tone": row["tone"], "chain": row["chain"], "split": row["split"]},
+    )

@@ -1,0 +1,103 @@
+"""Build report: chain mix, R/L/D histogram, rejection reasons, trajectory lengths (JSON + PNG)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from canvascraft.build import load_manifest
+
+log = logging.getLogger(__name__)
+
+_SUMMED = ("slots", "attempts", "kept", "target_missed", "with_reference")
+
+
+def _merge(into: dict[str, Any], part: dict[str, Any]) -> None:
+    for k, v in part.items():
+        if isinstance(v, dict):
+            d = into.setdefault(k, {})
+            for kk, vv in v.items():
+                d[kk] = d.get(kk, 0) + vv
+        elif k in _SUMMED:
+            into[k] = into.get(k, 0) + v
+
+
+def aggregate(out: str | Path) -> dict[str, Any]:
+    m = load_manifest(out)
+    if m is None:
+        raise FileNotFoundError(f"no manifest in {out}")
+    by_split: dict[str, dict[str, Any]] = {}
+    total: dict[str, Any] = {}
+    for s in m["shards"].values():
+        _merge(by_split.setdefault(s["split"], {}), s["stats"])
+        _merge(total, s["stats"])
+    rejected = sum(total.get("rejected", {}).values())
+    report = {
+        "kind": m["kind"],
+        "complete": m["complete"],
+        "shards_done": len(m["shards"]),
+        "rows": total.get("kept", 0),
+        "attempts": total.get("attempts", 0),
+        "keep_rate": round(total.get("kept", 0) / total["attempts"], 4) if total.get("attempts") else None,
+        "rejected_total": rejected,
+        "totals": total,
+        "splits": by_split,
+    }
+    return report
+
+
+def write_report(out: str | Path) -> tuple[Path, Path]:
+    out = Path(out)
+    report = aggregate(out)
+    jpath = out / "stats.json"
+    jpath.write_text(json.dumps(report, indent=1, sort_keys=True))
+    ppath = out / "stats.png"
+    plot(report, ppath)
+    return jpath, ppath
+
+
+def _bar(ax, counts: dict[str, int], title: str, top: int = 15) -> None:
+    items = sorted(counts.items(), key=lambda kv: -kv[1])[:top]
+    if not items:
+        ax.set_title(f"{title} (none)")
+        ax.axis("off")
+        return
+    labels, values = zip(*items)
+    ax.barh(range(len(values)), values, color="#4477aa")
+    ax.set_yticks(range(len(values)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_title(title, fontsize=9)
+
+
+def plot(report: dict[str, Any], path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = report["totals"]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    _bar(axes[0][0], t.get("chains", {}), "chain mix (kept)")
+    _bar(axes[0][1], {**t.get("rejected", {}), **{f"no backend: {k}": v for k, v in t.get("skipped_no_backend", {}).items()}}, "rejections / skipped draws")
+    if report["kind"] == "rl":
+        ax = axes[1][0]
+        levels = ("easy", "medium", "hard")
+        for i, axis in enumerate(("reasoning", "length", "diversity")):
+            vals = [t.get(axis, {}).get(lv, 0) for lv in levels]
+            ax.bar([i * 4 + j for j in range(3)], vals, color=["#66bb66", "#ddaa33", "#cc4444"])
+        ax.set_xticks([1, 5, 9], ["R", "L", "D"])
+        ax.set_title("R/L/D levels (easy/medium/hard)", fontsize=9)
+        lengths = t.get("steps", {})
+    else:
+        _bar(axes[1][0], t.get("groups", {}), "chain groups")
+        lengths = t.get("turns", {})
+    ax = axes[1][1]
+    ks = sorted(lengths, key=int)
+    ax.bar([int(k) for k in ks], [lengths[k] for k in ks], color="#888888")
+    ax.set_title("trajectory length (turns)" if report["kind"] == "sft" else "expected steps", fontsize=9)
+    fig.suptitle(f"CanvasCraft {report['kind']}: {report['rows']} rows, keep rate {report['keep_rate']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
