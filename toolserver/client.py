@@ -90,8 +90,9 @@ class RayToolbox:
         by_name = {info["deployment"] for info in self.manifest.values() if info["deployment"]}
         handles = {name: serve.get_deployment_handle(name, app_name) for name in by_name}
         self.handles = {tool: handles[info["deployment"]] for tool, info in self.manifest.items() if info["deployment"]}
+        self.max_pixels = min(max_pixels, int(manifest["max_pixels"]))
         # Caller-mode pure tools run here, exactly as in-process.
-        self.local = LocalToolbox(profile=profile, max_output_pixels=min(max_pixels, manifest["max_pixels"]))
+        self.local = LocalToolbox(profile=profile, max_output_pixels=self.max_pixels)
 
     def call(self, request: ToolRequest) -> ToolResult:
         t0 = time.perf_counter()
@@ -113,6 +114,12 @@ class RayToolbox:
             return self.local.call(request)
         if info["mode"] == "unconfigured":
             return unconfigured_result(request.tool)
+        for name, img in request.images.items():
+            # The same input limit the HTTP edge applies, checked before anything is shipped.
+            if img.width * img.height > self.max_pixels:
+                return ToolResult.failure(
+                    "too_many_pixels", f"images.{name} is {img.width}x{img.height}, over the {self.max_pixels:,}-pixel limit"
+                )
         handle, timeout = self.handles[request.tool], float(info["timeout_s"])
         wire = WireRequest.pack(request)
 
@@ -145,6 +152,7 @@ class HttpToolbox:
         retry: RetryPolicy | None = None,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         timeout_margin_s: float = 5.0,
+        transport: Any = None,  # an httpx transport, for tests
     ):
         import httpx
 
@@ -154,7 +162,9 @@ class HttpToolbox:
         self.margin = timeout_margin_s
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._httpx = httpx
-        self.client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=DEFAULT_TIMEOUT_S + timeout_margin_s)
+        self.client = httpx.Client(
+            base_url=url.rstrip("/"), headers=headers, timeout=DEFAULT_TIMEOUT_S + timeout_margin_s, transport=transport
+        )
         self._timeouts: dict[str, float] | None = None
         self._lock = threading.Lock()
 

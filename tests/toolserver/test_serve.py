@@ -1,0 +1,246 @@
+"""The tool server on a real (CPU) Ray Serve: one app for the whole module, every tool through
+the handle and over HTTP, replica death mid-stream, auth and size limits at the HTTP edge.
+
+Public-interface auth (a non-loopback bind) is unit-tested in test_serve_config.py: tests here
+only ever bind 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import socket
+import threading
+import time
+
+import pytest
+from PIL import Image, ImageDraw
+
+from toolserver.fonts import dejavu_sans
+from toolserver.registry import REGISTRY, ArgType, Backend, OutputKind
+from toolserver.request import ToolRequest
+from toolserver.serve_config import ServeConfig, servable_tools
+from toolserver.toolbox import LocalToolbox
+from toolserver.validation import Profile
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+httpx = pytest.importorskip("httpx")
+
+pytestmark = pytest.mark.ray
+
+TOKEN = "test-token-not-secret"
+MAX_PIXELS = 1_000_000
+MAX_BYTES = 2 * 1024 * 1024
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The offline app, with a token (enforced on loopback too) and small limits to test."""
+    from toolserver.serve_app import deploy
+
+    cfg = ServeConfig.load("local_cpu")
+    cfg.http.port = _free_port()
+    cfg.http.max_request_bytes = MAX_BYTES
+    cfg.max_pixels = MAX_PIXELS
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        deploy(cfg, TOKEN)
+        yield cfg
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def url(served) -> str:
+    return f"http://127.0.0.1:{served.http.port}"
+
+
+@pytest.fixture(scope="module")
+def ray_box(served):
+    from toolserver.client import RayToolbox
+
+    box = RayToolbox(app_name=served.app_name)
+    yield box
+    box.close()
+
+
+@pytest.fixture(scope="module")
+def http_box(url):
+    from toolserver.client import HttpToolbox
+
+    box = HttpToolbox(url, token=TOKEN)
+    yield box
+    box.close()
+
+
+# ---------------------------------------------------------------------- requests built from the registry
+def _photo(w: int = 32, h: int = 24) -> Image.Image:
+    img = Image.new("RGB", (w, h))
+    img.putdata([((x * 255) // w, (y * 255) // h, 128) for y in range(h) for x in range(w)])
+    return img
+
+
+def _mask(size: tuple[int, int]) -> Image.Image:
+    m = Image.new("L", size, 0)
+    ImageDraw.Draw(m).rectangle([size[0] // 4, size[1] // 4, size[0] // 2, size[1] // 2], fill=255)
+    return m
+
+
+def _text_image() -> Image.Image:
+    img = Image.new("RGB", (360, 90), "white")
+    ImageDraw.Draw(img).text((20, 15), "HELLO 42", font=dejavu_sans(48), fill="black")
+    return img
+
+
+def sample_request(tool: str) -> ToolRequest:
+    """A valid call for any registry tool, derived from its argument specs."""
+    spec = REGISTRY[tool]
+    base = _text_image() if tool == "OCR" else _photo()
+    args, images = {}, {}
+    for a in spec.args:
+        if a.type is ArgType.ASSET:
+            args[a.name] = f"{a.name}_0"
+            images[a.name] = _mask(base.size) if OutputKind.MASK in a.asset_kinds else base
+        elif a.type is ArgType.BBOX:
+            args[a.name] = [100.0, 100.0, 700.0, 800.0]
+        elif a.type is ArgType.POSITION:
+            args[a.name] = [500.0, 500.0]
+        elif a.type is ArgType.CHOICE:
+            args[a.name] = a.choices[0]
+        elif a.type is ArgType.TEXT:
+            args[a.name] = "Hi" if tool == "Overlayer" else "a red apple"
+    return ToolRequest(tool, args, images, dict(args), Profile.CANVASCRAFT)
+
+
+def _png_b64(img: Image.Image) -> str:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _auth() -> dict[str, str]:
+    return {"authorization": f"Bearer {TOKEN}"}
+
+
+# ---------------------------------------------------------------------- tests
+def test_health_and_tool_listing_come_from_the_registry(url):
+    r = httpx.get(f"{url}/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    listed = httpx.get(f"{url}/v1/tools", headers=_auth()).json()["tools"]
+    assert [t["name"] for t in listed] == [t.name for t in servable_tools()]
+    assert all(t["schema"] == REGISTRY[t["name"]].openai_schema() for t in listed)
+
+
+@pytest.mark.parametrize("tool", [t.name for t in servable_tools()])
+def test_every_tool_through_handle_and_http(tool, ray_box, http_box):
+    req = sample_request(tool)
+    via_handle, via_http = ray_box.call(req), http_box.call(req)
+    spec = REGISTRY[tool]
+    for res in (via_handle, via_http):
+        if spec.backend is Backend.PURE:
+            want = LocalToolbox().call(sample_request(tool))
+            assert res.ok, res.text
+            assert (res.text, res.kind, res.data) == (want.text, want.kind, want.data)
+            assert res.image.mode == want.image.mode and res.image.tobytes() == want.image.tobytes()
+        elif tool == "OCR":
+            assert res.ok, res.text
+            assert "HELLO" in res.text.upper() and "42" in res.text
+        elif tool == "SR":
+            assert res.ok, res.text
+            assert res.image.size == (4 * req.images["image"].width, 4 * req.images["image"].height)
+        else:  # no offline weights: a clear failure, never a fake image
+            assert not res.ok and res.error_code == "backend_not_configured", res
+            assert tool in res.text and res.image is None
+
+
+def test_make_toolbox_builds_remote_clients(served, url, monkeypatch):
+    from canvasagent.config import ToolsConfig, make_toolbox
+    from toolserver.client import HttpToolbox, RayToolbox
+
+    monkeypatch.setenv("CANVASAGENT_TOOLSERVER_TOKEN", TOKEN)
+    for client, cls in (("http", HttpToolbox), ("ray", RayToolbox)):
+        box = make_toolbox(ToolsConfig(client=client, url=url if client == "http" else None))
+        try:
+            assert isinstance(box, cls)
+            assert box.call(sample_request("Flip")).ok
+        finally:
+            box.close()
+
+
+def test_auth_is_enforced(url):
+    body = {"args": {"image": "img_1"}, "images": {"image": _png_b64(_photo())}}
+    for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": TOKEN}):
+        r = httpx.post(f"{url}/v1/tools/Flip", json=body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+    assert httpx.get(f"{url}/v1/tools").status_code == 401
+    assert httpx.post(f"{url}/v1/tools/Flip", json=body, headers=_auth()).json()["ok"] is True
+
+
+def test_oversized_and_malformed_inputs_are_rejected(url, http_box, ray_box):
+    # Over the byte limit, whether or not the client declares a length.
+    big = b'{"args": {}, "pad": "' + b"x" * (MAX_BYTES + 10) + b'"}'
+    r = httpx.post(f"{url}/v1/tools/Flip", content=big, headers=_auth())
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    r = httpx.post(f"{url}/v1/tools/Flip", content=iter([big[:1000], big[1000:]]), headers=_auth())
+    assert r.status_code == 413
+
+    # Over the pixel limit: a tiny PNG that decodes to 1.2 MP is refused before decoding.
+    huge = ToolRequest("Flip", {"image": "img_1"}, {"image": Image.new("L", (1200, 1000))})
+    r = httpx.post(f"{url}/v1/tools/Flip", json={"args": huge.args, "images": {"image": _png_b64(huge.images["image"])}}, headers=_auth())
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_many_pixels"
+    for box in (http_box, ray_box):  # clients turn it into a failed result, never an exception
+        res = box.call(huge)
+        assert not res.ok and res.error_code == "too_many_pixels", res
+
+    bad = [
+        ("/v1/tools/Flip", b"not json", 400, "bad_request"),
+        ("/v1/tools/Flip", json.dumps({"args": {}, "images": {"image": "%%%"}}).encode(), 400, "bad_image"),
+        ("/v1/tools/Flip", json.dumps({"args": {}, "images": {"image": base64.b64encode(b"GIF89a").decode()}}).encode(), 400, "bad_image"),
+        ("/v1/tools/NoSuchTool", b"{}", 404, "unknown_tool"),
+    ]
+    for path, content, status, code in bad:
+        r = httpx.post(f"{url}{path}", content=content, headers=_auth())
+        assert (r.status_code, r.json()["error"]["code"]) == (status, code), r.text
+    # A tool-level failure is a result (HTTP 200), not an HTTP error.
+    res = http_box.call(ToolRequest("Crop", {"image": "img_1", "bbox": [10.0, 10.0, 11.0, 11.0]}, {"image": _photo(8, 8)}))
+    assert not res.ok and res.error_code == "empty_crop"
+
+
+def test_calls_survive_a_replica_killed_mid_stream(served, ray_box, http_box):
+    """Kill one of the two PureTools replicas while two clients stream calls."""
+    req = sample_request("Flip")
+    prefix = f"SERVE_REPLICA::{served.app_name}#PureTools#"
+    replicas = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+    assert len(replicas) == 2, replicas
+
+    results: list[tuple[float, bool, str]] = []
+    stop = threading.Event()
+
+    def stream(box) -> None:
+        while not stop.is_set():
+            r = box.call(req)
+            results.append((time.monotonic(), r.ok, r.text))
+
+    threads = [threading.Thread(target=stream, args=(b,)) for b in (ray_box, http_box)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    killed_at = time.monotonic()
+    ray.kill(ray.get_actor(replicas[0], namespace="serve"), no_restart=True)
+    time.sleep(3.0)
+    stop.set()
+    for t in threads:
+        t.join(timeout=30)
+
+    failures = [text for _, ok, text in results if not ok]
+    assert not failures, failures[:3]
+    assert sum(1 for ts, _, _ in results if ts > killed_at + 0.5) >= 10, "calls stopped after the kill"

@@ -1,0 +1,295 @@
+"""Serve config, placement dry run, auth rule, wire/HTTP codecs and client retries: no Ray."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from toolserver.backends import BACKEND_FACTORIES
+from toolserver.client import HttpToolbox, RayToolbox, RetryPolicy
+from toolserver.http_codec import BadImage, decode_image, encode_image, result_to_json
+from toolserver.registry import Backend, model_backed
+from toolserver.request import ToolRequest
+from toolserver.results import ToolResult
+from toolserver.serve_config import (
+    HttpConfig,
+    Mode,
+    ServeConfig,
+    ServeConfigError,
+    check_bind,
+    check_placement,
+    is_loopback,
+    servable_tools,
+)
+from toolserver.wire import WireImage, WireRequest, WireResult
+
+FAST = RetryPolicy(attempts=3, backoff_s=0.001, max_backoff_s=0.002)
+
+
+# ---------------------------------------------------------------------- configs and placement
+def test_shipped_configs_cover_the_registry_and_round_trip():
+    for name in ("local_cpu", "paper_2gpu"):
+        cfg = ServeConfig.load(name)
+        assert list(cfg.manifest()) == [t.name for t in servable_tools()]
+        assert ServeConfig.from_dict(cfg.to_dict()) == cfg
+        served = [t for tools, _ in cfg.deployments().values() for t in tools]
+        assert sorted(served) == sorted(cfg.deployed())
+
+
+def test_paper_config_dry_run_places_every_model_tool():
+    cfg = ServeConfig.load("paper_2gpu")
+    rep = check_placement(cfg, set(BACKEND_FACTORIES))
+    assert rep.ok, rep.render()
+    assert not rep.unconfigured
+    placed = {t for items in rep.gpus.values() for t, _ in items}
+    assert {"ImageGeneration", "SR"} == {t for t, _ in rep.gpus[0]}
+    assert {"ImageEdit", "SAM", "Grounding"} == {t for t, _ in rep.gpus[1]}
+    assert placed | set(rep.cpu_models) == {t.name for t in model_backed()}
+    assert all(rep.gpu_load(g) <= 1 + 1e-9 for g in rep.gpus)
+    assert all(cfg.mode(t.name) is Mode.CALLER for t in servable_tools() if t.backend is Backend.PURE)
+
+
+def _paper(**tool_overrides) -> dict:
+    data = ServeConfig.load("paper_2gpu").to_dict()
+    for tool, over in tool_overrides.items():
+        data["tools"][tool].update(over)
+    return data
+
+
+def test_dry_run_catches_oversubscription_unplaced_and_missing_tools():
+    over = check_placement(ServeConfig.from_dict(_paper(SR={"ray_actor_options": {"num_gpus": 0.5}})))
+    assert not over.ok and any("GPU 0 is oversubscribed" in e for e in over.errors)
+    # Autoscaling counts at max_replicas: 0.3 x 2 on top of 0.7 does not fit.
+    scaled = check_placement(ServeConfig.from_dict(_paper(SR={"autoscaling_config": {"min_replicas": 1, "max_replicas": 2}, "ray_actor_options": {"num_gpus": 0.3}})))
+    assert not scaled.ok
+    unplaced = check_placement(ServeConfig.from_dict(_paper(SAM={"gpu": None})))
+    assert any("SAM" in e and "not placed" in e for e in unplaced.errors)
+    missing = check_placement(ServeConfig.from_dict(_paper(Grounding={"backend": None})))
+    assert any("Grounding" in e and "no backend" in e for e in missing.errors)
+    typo = check_placement(ServeConfig.from_dict(_paper(OCR={"backend": "rapid-ocr"})), set(BACKEND_FACTORIES))
+    assert any("unknown backend" in e for e in typo.errors)
+
+
+def test_config_errors_are_loud():
+    bad = [
+        {"tools": {"NotATool": {}}},
+        {"tools": {"brush_stroke": {}}},  # stateful tools act on an environment, not a server
+        {"tools": {"Flip": {"backend": "rapidocr"}}},
+        {"tools": {"OCR": {"backend": "rapidocr", "mode": "caller"}}},
+        {"tools": {"OCR": {"backnd": "rapidocr"}}},
+        {"pure_mode": "elsewhere"},
+        {"http": {"port": 0}},
+    ]
+    for data in bad:
+        with pytest.raises(ServeConfigError):
+            ServeConfig.from_dict(data)
+
+
+def test_pure_modes_and_shared_deployment():
+    shared = ServeConfig.from_dict({"pure_mode": "shared", "pure": {"num_replicas": 3}})
+    (tools, opts), = [v for k, v in shared.deployments().items() if k == "PureTools"]
+    assert set(tools) == {t.name for t in servable_tools() if t.backend is Backend.PURE} and opts.num_replicas == 3
+    mixed = ServeConfig.from_dict({"pure_mode": "caller", "tools": {"Flip": {"mode": "deployment"}}})
+    assert mixed.deployment_for("Flip") == "Flip" and mixed.deployment_for("Crop") is None
+    assert mixed.mode("SAM") is Mode.UNCONFIGURED
+
+
+def test_pinning_adds_a_per_gpu_resource():
+    from toolserver.serve_config import ray_actor_options
+
+    cfg = ServeConfig.from_dict({**_paper(), "pin_resource_prefix": "toolgpu"})
+    opts = ray_actor_options(cfg, cfg.tools["SAM"])
+    assert opts["resources"] == {"toolgpu1": 0.001} and opts["num_gpus"] == 0.1
+
+
+# ---------------------------------------------------------------------- auth rule
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.4.5", "::1", "localhost"])
+def test_loopback_needs_no_token(host):
+    assert is_loopback(host)
+    check_bind(HttpConfig(host=host), None)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "toolserver.example"])
+def test_public_bind_requires_a_token(host):
+    assert not is_loopback(host)
+    with pytest.raises(ServeConfigError, match="bearer token is required"):
+        check_bind(HttpConfig(host=host), None)
+    check_bind(HttpConfig(host=host), "s3cret")
+    check_bind(HttpConfig(host=host, enabled=False), None)  # no HTTP, nothing exposed
+
+
+def test_build_app_and_cli_refuse_a_public_bind_without_token(monkeypatch, capsys):
+    from toolserver.cli import main
+    from toolserver.serve_app import build_app
+
+    cfg = ServeConfig.load("local_cpu")
+    cfg.http.host = "0.0.0.0"
+    with pytest.raises(ServeConfigError):
+        build_app(cfg, None)  # refused before any Ray call or socket
+    monkeypatch.delenv("CANVASAGENT_TOOLSERVER_TOKEN", raising=False)
+    assert main(["serve", "--config", "local_cpu", "--host", "0.0.0.0", "--dry-run"]) == 1
+    assert "bearer token is required" in capsys.readouterr().out
+    monkeypatch.setenv("CANVASAGENT_TOOLSERVER_TOKEN", "s3cret")
+    assert main(["serve", "--config", "local_cpu", "--host", "0.0.0.0", "--dry-run"]) == 0
+
+
+def test_cli_dry_run_of_the_paper_config(capsys):
+    from toolserver.cli import main
+
+    assert main(["serve", "--config", "paper_2gpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU 0: 1.00 of 1.00" in out and "GPU 1: 1.00 of 1.00" in out and "config OK" in out
+
+
+def test_ingress_token_check():
+    from toolserver.serve_app import authorized, token_digest
+
+    d = token_digest("abc")
+    assert authorized("Bearer abc", d) and not authorized("Bearer abd", d)
+    assert not authorized(None, d) and not authorized("abc", d) and not authorized("Basic abc", d)
+    assert authorized(None, None)  # loopback without a token configured
+
+
+# ---------------------------------------------------------------------- wire and HTTP formats
+@pytest.mark.parametrize("mode", ["1", "L", "LA", "RGB", "RGBA", "I", "F", "I;16", "P", "CMYK"])
+def test_wire_images_keep_mode_and_pixels(mode):
+    rng = np.random.default_rng(0)
+    src = Image.fromarray(rng.integers(0, 255, (7, 9, 4), dtype=np.uint8), "RGBA").convert(mode)
+    back = WireImage.pack(src).unpack()
+    assert back.mode == src.mode and back.size == src.size and back.tobytes() == src.tobytes()
+    if mode == "RGB":
+        assert WireImage.pack(src).array is not None  # arrays, not PNG bytes
+
+
+def test_wire_request_and_result_round_trip():
+    img = Image.new("RGBA", (5, 4), (1, 2, 3, 4))
+    req = ToolRequest("Flip", {"image": "img_1"}, {"image": img}, {"image": "img_1"})
+    back = WireRequest.pack(req).unpack()
+    assert back.tool == "Flip" and back.images["image"].tobytes() == img.tobytes() and back.profile == req.profile
+    res = ToolResult(True, "done", image=img, data={"k": [1]}, plumbing_only=True, backend="x")
+    out = WireResult.pack(res).unpack()
+    assert (out.ok, out.text, out.data, out.plumbing_only, out.backend) == (True, "done", {"k": [1]}, True, "x")
+
+
+def test_http_codec_limits():
+    small = Image.new("L", (50, 40), 7)
+    assert decode_image(encode_image(small), 10_000).tobytes() == small.tobytes()
+    with pytest.raises(BadImage) as e:
+        decode_image(encode_image(small), 1999)
+    assert e.value.code == "too_many_pixels"
+    for junk in ("***", base64.b64encode(b"\x89PNG\r\n\x1a\nbroken").decode(), base64.b64encode(b"GIF89a....").decode()):
+        with pytest.raises(BadImage) as e:
+            decode_image(junk, 10_000)
+        assert e.value.code == "bad_image"
+
+
+# ---------------------------------------------------------------------- client retries and failures
+def _flip() -> ToolRequest:
+    return ToolRequest("Flip", {"image": "img_1"}, {"image": Image.new("RGB", (4, 3), "red")})
+
+
+def test_http_client_retries_5xx_then_succeeds():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/tools":
+            return httpx.Response(200, json={"tools": [{"name": "Flip", "timeout_s": 5}]})
+        calls.append(request)
+        if len(calls) < 3:
+            return httpx.Response(503, json={"error": {"code": "replica_unavailable", "message": "dead"}})
+        body = json.loads(request.content)
+        img = decode_image(body["images"]["image"], 100)
+        return httpx.Response(200, json=result_to_json(ToolResult(True, "ok", image=img.transpose(Image.Transpose.FLIP_LEFT_RIGHT))))
+
+    box = HttpToolbox("http://toolserver.test", token="t", retry=FAST, transport=httpx.MockTransport(handler))
+    res = box.call(_flip())
+    assert res.ok and res.image.size == (4, 3) and len(calls) == 3
+    assert calls[0].headers["authorization"] == "Bearer t"
+
+
+def test_http_client_failures_are_results_not_exceptions():
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/tools":
+            return httpx.Response(200, json={"tools": []})
+        if request.url.path.endswith("/Crop"):
+            return httpx.Response(504, json={"error": {"code": "timeout", "message": "Crop did not finish"}})
+        return httpx.Response(500, text="boom")
+
+    box = HttpToolbox("http://toolserver.test", retry=FAST, transport=httpx.MockTransport(handler))
+    res = box.call(ToolRequest("Crop", {}, {}))
+    assert not res.ok and res.error_code == "timeout"  # 504 is not retried
+    res = box.call(_flip())
+    assert not res.ok and res.error_code == "toolserver_unavailable"
+
+
+def test_http_client_against_a_closed_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    box = HttpToolbox(f"http://127.0.0.1:{port}", retry=FAST)
+    res = box.call(_flip())
+    assert not res.ok and res.error_code == "toolserver_unavailable" and "ConnectError" in res.text
+
+
+class _FakeResponse:
+    def __init__(self, outcome):
+        self.outcome, self.cancelled = outcome, False
+
+    def result(self, timeout_s=None):
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _FakeHandle:
+    def __init__(self, outcomes):
+        self.outcomes, self.sent = list(outcomes), []
+
+    def remote(self, wire):
+        self.sent.append(wire)
+        return _FakeResponse(self.outcomes.pop(0))
+
+
+def _ray_box(handle) -> RayToolbox:
+    from ray.exceptions import RayActorError
+
+    from toolserver.toolbox import LocalToolbox
+
+    box = RayToolbox.__new__(RayToolbox)  # no cluster: exercise the call path with a fake handle
+    box.retry, box._retryable, box.max_pixels = FAST, (RayActorError,), 10_000
+    box.manifest = {"Flip": {"mode": "deployment", "timeout_s": 1.0, "deployment": "PureTools"}, "SAM": {"mode": "unconfigured", "timeout_s": 1.0, "deployment": None}}
+    box.handles, box.local = {"Flip": handle}, LocalToolbox()
+    return box
+
+
+def test_ray_client_retries_dead_replicas_and_maps_timeouts():
+    from ray.exceptions import ActorDiedError
+
+    ok = WireResult.pack(ToolResult(True, "flipped"))
+    h = _FakeHandle([ActorDiedError(), ActorDiedError(), ok])
+    assert _ray_box(h).call(_flip()).ok and len(h.sent) == 3
+    assert isinstance(h.sent[0].images["image"].array, np.ndarray)  # arrays on the wire, not PNG
+
+    resp_timeout = _FakeHandle([TimeoutError()])
+    res = _ray_box(resp_timeout).call(_flip())
+    assert not res.ok and res.error_code == "timeout"
+
+    dead = _ray_box(_FakeHandle([ActorDiedError()] * 3)).call(_flip())
+    assert not dead.ok and dead.error_code == "toolserver_unavailable"
+    boom = _ray_box(_FakeHandle([RuntimeError("bug")])).call(_flip())
+    assert not boom.ok and boom.error_code == "toolserver_error"
+    assert _ray_box(_FakeHandle([])).call(ToolRequest("SAM", {}, {})).error_code == "backend_not_configured"
+    assert _ray_box(_FakeHandle([])).call(ToolRequest("Nope", {}, {})).error_code == "unknown_tool"
+    big = ToolRequest("Flip", {}, {"image": Image.new("L", (200, 200))})
+    assert _ray_box(_FakeHandle([])).call(big).error_code == "too_many_pixels"
