@@ -4,7 +4,10 @@ Stroke model
 ------------
 A ``brush_stroke`` has 13 parameters, all in [0, 1]::
 
-    xs, ys, xc, yc, xe, ye, rs, as, re, ae, cr, cg, cb
+    xs, ys, xc, yc, xe, ye, rs, os, re, oe, cr, cg, cb
+
+(names as in ``toolserver.registry``; ``as``/``ae`` are accepted as aliases of
+the opacities ``os``/``oe``, the paper's alpha_s/alpha_e).
 
 * Path: quadratic Bezier ``B(t) = (1-t)^2 P0 + 2t(1-t) P1 + t^2 P2`` with
   ``P0=(xs,ys)``, ``P1=(xc,yc)`` (absolute control point), ``P2=(xe,ye)``.
@@ -15,7 +18,7 @@ A ``brush_stroke`` has 13 parameters, all in [0, 1]::
   ``R(r) = R_MIN_PX + r * (min(H, W) * R_MAX_FRAC - R_MIN_PX)`` pixels
   (``R_MIN_PX = 0.5``, ``R_MAX_FRAC = 0.25``: a full-size stroke is half the
   canvas wide, like Learning-to-Paint's brush).
-* Opacity: ``a(t) = (1-t) as + t ae``; colour ``(cr, cg, cb)`` shared.
+* Opacity: ``a(t) = (1-t) os + t oe``; colour ``(cr, cg, cb)`` shared.
 
 Rasterisation
 -------------
@@ -55,8 +58,9 @@ import torch
 
 N_PARAMS = 13
 PARAM_NAMES: tuple[str, ...] = (
-    "xs", "ys", "xc", "yc", "xe", "ye", "rs", "as", "re", "ae", "cr", "cg", "cb",
+    "xs", "ys", "xc", "yc", "xe", "ye", "rs", "os", "re", "oe", "cr", "cg", "cb",
 )
+_ALIASES = {"os": "as", "oe": "ae"}
 PATH_NAMES: tuple[str, ...] = PARAM_NAMES[:6]
 R_MIN_PX = 0.5
 R_MAX_FRAC = 0.25
@@ -106,8 +110,11 @@ def validate_params(params: Sequence[float] | np.ndarray, n: int = N_PARAMS) -> 
 
 def params_from_dict(args: dict, fixed: bool = False) -> np.ndarray:
     """Tool-call arguments ``{"xs": .., ...}`` -> parameter vector (validated)."""
+    if not isinstance(args, dict):
+        raise ValueError("stroke arguments must be an object")
     names = PATH_NAMES if fixed else PARAM_NAMES
-    missing = [k for k in names if k not in args]
+    args = {k: (args[k] if k in args else args.get(_ALIASES.get(k, k))) for k in names}
+    missing = [k for k, v in args.items() if v is None]
     if missing:
         raise ValueError(f"missing stroke arguments: {missing}")
     try:
