@@ -1,0 +1,171 @@
+"""Hybrid reward: presets change the total exactly as their weights say; TRL functions; bad input."""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+from types import SimpleNamespace
+
+import pytest
+from PIL import Image
+
+from rewards.config import HttpJudgeConfig, JudgeConfig, RewardConfig
+from rewards.hybrid import COMPONENTS, HybridReward, reward_functions, trl_reward_setup
+from tests.rewards.helpers import DONE, R, gradient, mask, run
+from tests.rewards.stub_openai import StubServer
+from toolserver.toolbox import RecordedOutput
+
+A = pytest.approx
+CHECKS = [{"type": "size_relation", "relation": "smaller"}, {"type": "differs_from", "of": "img_1"}]
+
+
+@pytest.fixture(scope="module")
+def trajs():
+    chain = [
+        R("find", "Grounding", {"image": "img_1", "reference_text": "square"}),
+        R("mask", "SAM", {"image": "img_1", "bbox": [250, 250, 750, 750]}),
+        R("cut", "Extract", {"image": "img_1", "mask": "SAM_0"}),
+        R("paste", "Overlayer", {"base_image": "img_1", "overlay_type": "object", "content": "Extract_0"}),
+        DONE,
+    ]
+    rec = {"Grounding": [RecordedOutput("[[250, 250, 750, 750]]")], "SAM": [RecordedOutput("mask", mask())]}
+    return [
+        run([R("c", "Crop", {"image": "img_1", "bbox": [0, 0, 500, 500]}), R("f", "Flip", {"image": "Crop_0"}), DONE], expected=["Crop", "Flip"], checks=CHECKS),
+        run(chain, expected=["Grounding", "SAM", "Extract", "Overlayer"], recorded=rec, checks=CHECKS),
+        run([R("bad", "Crop", {"image": "img_1", "bbox": [9, 9, 1, 1]}), R("f", "Flip", {"image": "img_1"}), R("f", "Flip", {"image": "img_1"}), DONE], expected=["Crop", "Rotate"], checks=CHECKS),
+        run([DONE], expected=["Flip"], checks=CHECKS),
+    ]
+
+
+def test_flat_dict_has_total_components_and_subterms(trajs):
+    flat = HybridReward("paper").score(trajs[1])
+    for k in ("total", *COMPONENTS, "rule/format/json", "rule/action/ref", "rule/p_eff/repeat", "aes/sharpness",
+              "traj/order", "align/fallback", "fallbacks"):
+        assert k in flat, k
+    assert all(isinstance(v, float) and math.isfinite(v) for v in flat.values())
+
+
+@pytest.mark.parametrize("preset", ["paper", "no-outcome", "no-process"])
+def test_paper_mode_presets_are_weighted_sums(trajs, preset):
+    h = HybridReward(preset)
+    w = RewardConfig.load(preset).weights
+    for flat in h.score_many(trajs):
+        assert flat["total"] == A(w.align * flat["align"] + w.aes * flat["aes"] + w.traj * flat["traj"] + w.rule * flat["rule"])
+
+
+def test_presets_differ_exactly_by_their_weights(trajs):
+    paper, no_out, no_proc = (HybridReward(p).score_many(trajs) for p in ("paper", "no-outcome", "no-process"))
+    for p, o, q in zip(paper, no_out, no_proc):
+        assert {c: p[c] for c in COMPONENTS} == {c: o[c] for c in COMPONENTS} == {c: q[c] for c in COMPONENTS}
+        assert p["total"] - o["total"] == A(0.3 * p["align"] + 0.1 * p["aes"])
+        assert p["total"] - q["total"] == A(0.2 * p["traj"] + 0.4 * p["rule"])
+
+
+def test_public_code_preset_formula(trajs):
+    for t, f in zip(trajs, HybridReward("public-code").score_many(trajs)):
+        outcome = 0.3 * f["align"] + 0.1 * f["aes"]
+        proc = 0.6 * min(1.0, (0.3 * f["traj"] + 0.15 * f["rule/format"] + 0.15 * f["rule/action"] + f["public/coverage"] + f["public/depth"]) / 0.92)
+        assert f["public/outcome"] == A(outcome) and f["public/process"] == A(proc)
+        assert f["total"] == A(f["public/gate"] * min(1.0, max(0.0, outcome + proc - f["rule/p_eff"])))
+    full = HybridReward("public-code").score(trajs[1])
+    assert full["public/coverage"] == A(0.10) and full["public/depth"] == A(0.22) and full["public/gate"] == 1.0
+    gated = HybridReward("public-code").score(trajs[3])  # no executable call for a task that expects one
+    assert gated["public/gate"] == 0.0 and gated["total"] == 0.0
+
+
+def test_public_code_format_subweights(trajs):
+    t = run(["```" + R("f", "Flip", {"image": "img_1"}) + "```", DONE])  # fails only the "no fences" check, in 1 of 2 turns
+    assert HybridReward("public-code").score(t)["rule/format"] == A(1 - 0.10 * 0.5)
+    assert HybridReward("paper").score(t)["rule/format"] == A(1 - 0.20 * 0.5)
+
+
+def test_custom_yaml_preset(tmp_path, trajs):
+    p = tmp_path / "align-only.yaml"
+    p.write_text("name: align-only\nweights: {align: 1.0, aes: 0.0, traj: 0.0, rule: 0.0}\n")
+    flat = HybridReward(p).score(trajs[0])
+    assert flat["total"] == flat["align"]
+    with pytest.raises(ValueError):
+        bad = tmp_path / "typo.yaml"
+        bad.write_text("weights: {allign: 1.0}\n")
+        RewardConfig.load(bad)
+
+
+# -- TRL ---------------------------------------------------------------------------------------
+
+
+def test_trl_functions_read_environments_and_sum_to_total(trajs):
+    h = HybridReward("paper")
+    funcs, weights = trl_reward_setup(h)
+    assert [f.__name__ for f in funcs] == ["reward_align", "reward_aes", "reward_traj", "reward_rule"]
+    envs = [SimpleNamespace(trajectory=trajs[0]), SimpleNamespace(episode=SimpleNamespace(trajectory=trajs[1])), SimpleNamespace()]
+    cols = [f(prompts=[None] * 3, completions=["", "", ""], environments=envs) for f in funcs]
+    assert all(col[2] is None for col in cols)  # no trajectory: None, which TRL turns into NaN
+    for i in range(2):
+        summed = sum(w * col[i] for w, col in zip(weights, cols))
+        assert summed == A(h.score(trajs[i])["total"])
+    misses = h.stats()["judge/cache_misses"]
+    funcs[0](prompts=[None], completions=[""], trajectories=[trajs[0]])
+    assert h.stats()["judge/cache_misses"] == misses  # memoised: scored once per batch
+
+
+def test_trl_public_code_logs_components_with_zero_weight():
+    funcs, weights = trl_reward_setup(HybridReward("public-code"))
+    assert [f.__name__ for f in funcs][0] == "reward_total" and weights == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert reward_functions(HybridReward("paper"), ["rule"])[0].__name__ == "reward_rule"
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+
+def _finite_in_range(flat):
+    assert all(math.isfinite(v) for v in flat.values())
+    assert 0.0 <= flat["total"] <= 1.0
+    for c in COMPONENTS:
+        assert 0.0 <= flat[c] <= 1.0
+
+
+def test_bad_inputs_give_defined_scores_and_reasons(caplog):
+    h = HybridReward("paper")
+    empty = Image.new("RGB", (0, 0))
+    cases = {
+        "no tool call": run([DONE], expected=["Flip"], checks=CHECKS),
+        "empty final image": run([R("up", "SR", {"image": "img_1"}), DONE], recorded={"SR": [RecordedOutput("x4", empty)]}, checks=CHECKS),
+        "broken json": run(['<reason>x</reason><tool_call>{"name": "Flip", "arguments": </tool_call>', DONE]),
+        "unknown tools": run([R("x", "Teleport", {"image": "img_1"}), R("y", "", {}), DONE]),
+        "empty reply": run(["", "   ", DONE]),
+        "garbage": run(["\x00\x01 <tool_call>[1, 2]</tool_call> ```", None, 42, DONE]),
+    }
+    with caplog.at_level(logging.DEBUG, logger="rewards"):
+        for name, t in cases.items():
+            flat = h.score(t)
+            _finite_in_range(flat)
+    assert h.score(cases["empty final image"])["aes"] == 0.0
+    assert h.score(cases["no tool call"])["rule/action"] == 0.0
+    assert any("no_tool_call" in r.getMessage() for r in caplog.records)
+    invalid = h.score(None)  # not a trajectory at all
+    assert invalid["total"] == 0.0 and invalid["invalid"] == 1.0
+
+
+def _dead_url() -> str:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.mark.parametrize("reply", [None, "I think it is quite good."])
+def test_unreachable_or_non_numeric_judge_gives_fallback_total(trajs, reply, caplog):
+    cfg = RewardConfig.load("paper")
+    if reply is None:
+        cfg.judges = JudgeConfig(kind="http", fallback_score=0.3, http=HttpJudgeConfig(base_url=_dead_url(), max_retries=1, backoff_s=0.01, timeout_s=1))
+        flat = HybridReward(cfg).score(trajs[0])
+    else:
+        with StubServer([reply]) as srv:
+            cfg.judges = JudgeConfig(kind="http", fallback_score=0.3, http=HttpJudgeConfig(base_url=srv.base_url, max_retries=1, backoff_s=0.01))
+            with caplog.at_level(logging.WARNING):
+                flat = HybridReward(cfg).score(trajs[0])
+        assert any("fell back" in r.getMessage() for r in caplog.records)
+    assert flat["fallbacks"] == 3 and flat["align"] == flat["aes"] == flat["traj"] == A(0.3)
+    assert flat["total"] == A(0.3 * 0.3 + 0.1 * 0.3 + 0.2 * 0.3 + 0.4 * flat["rule"])
