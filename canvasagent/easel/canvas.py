@@ -7,7 +7,8 @@ the 6 path params when the appearance is fixed), ``undo`` and ``submit``.
 Step accounting: every ``brush_stroke`` (accepted or rejected) and every
 ``undo`` consumes one step of the budget; ``submit`` ends the episode without
 consuming one. Invalid calls (unknown tool, bad arguments) also consume a
-step, since a real agent spent a turn on them. After each step the
+step, since a real agent spent a turn on them. With ``int_coords=True`` the
+path coordinates are integers 0-1000 (the EASEL-Data format). After each step the
 reconstruction similarity S is appended to the S curve (reconstruction tasks
 only; semantic tasks are scored once at the end).
 """
@@ -56,6 +57,8 @@ class CanvasSession:
     fixed_appearance: bool = False
     checker: Callable[[np.ndarray, np.ndarray], str | None] | None = None
     track_s: bool = True
+    # EASEL-Data format: path coordinates arrive as integers 0-1000
+    int_coords: bool = False
     history: list[Event] = field(default_factory=list)
     s_curve: list[float] = field(default_factory=list)
 
@@ -148,6 +151,11 @@ class CanvasSession:
             return self._consume("undo", args, True, "undid last stroke")
         if name != "brush_stroke":
             return self._consume(str(name), args, False, f"unknown tool {name!r}")
+        if self.int_coords and _params13 is None:
+            try:
+                args = {k: (float(v) / 1000.0 if k in render.PATH_NAMES else v) for k, v in args.items()}
+            except (TypeError, ValueError):
+                return self._consume("brush_stroke", args, False, "invalid arguments: non-numeric coordinate")
         try:
             if _params13 is not None:
                 p = render.validate_params(_params13)
