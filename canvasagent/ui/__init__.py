@@ -1,0 +1,1 @@
+"""The web UI (Gradio) for interactive sessions; `canvasagent ui` starts it."""

@@ -1,0 +1,203 @@
+"""What the web UI does, without the web: one `Session` per browser tab, as plain Python.
+
+Keeping Gradio out of this module lets the behaviour be tested directly and keeps `app.py` a
+thin layout. Every action returns a `View`, the full state to render: the step log, the asset
+gallery (imglist IDs with provenance), the rollback choices and the download files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from PIL import Image
+
+from canvasagent.config import make_toolbox
+from canvasagent.episode import EpisodeConfig, StepResult
+from canvasagent.imageio import load_image
+from canvasagent.interactive.session import Proposal, Session
+from canvasagent.policies.guards import GuardConfig, GuardedPolicy
+from canvasagent.policies.spec import build_policy
+from canvasagent.tasks import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class UIConfig:
+    policy: str | None = None  # default policy spec; the page can override it
+    tools: str = "offline"
+    runs_dir: str = "runs/ui"
+    max_turns: int = 12
+    max_invalid: int = 4
+
+
+@dataclass
+class View:
+    log_md: str
+    gallery: list[tuple[Image.Image, str]]
+    asset_ids: list[str]
+    final_image: Image.Image | None
+    files: list[str]
+    status: str
+
+
+@dataclass
+class UIState:
+    session: Session | None = None
+    log: list[str] = field(default_factory=list)
+    dir: Path | None = None
+
+
+def provenance_caption(asset: Any) -> str:
+    p = asset.provenance
+    if p.tool is None:
+        return f"{asset.id} · input"
+    args = json.dumps(p.arguments, ensure_ascii=False)
+    if len(args) > 80:
+        args = args[:77] + "…"
+    src = ", ".join(p.inputs) or "–"
+    return f"{asset.id} · {p.tool} (turn {p.turn + 1 if p.turn is not None else '?'}) from {src} · {args}"
+
+
+class UIController:
+    def __init__(self, config: UIConfig | None = None):
+        self.config = config or UIConfig()
+
+    # -- rendering -----------------------------------------------------------------------------
+    def view(self, st: UIState, status: str = "") -> View:
+        s = st.session
+        if s is None:
+            return View("_Upload images, type an instruction and press **Start**._", [], [], None, [], status or "idle")
+        assets = list(s.episode.assets)
+        final = s.trajectory.final_asset()
+        files = self._exports(st) if st.dir is not None else []
+        state = status or (f"finished ({s.trajectory.stop_reason})" if s.done else f"running · turn {len(s.trajectory.turns)}")
+        return View(
+            "\n\n".join(st.log) or "_Session started. Press **Step** or **Run**._",
+            [(a.image, provenance_caption(a)) for a in assets],
+            [a.id for a in assets],
+            final.image if final is not None else None,
+            files,
+            state,
+        )
+
+    @staticmethod
+    def _exports(st: UIState) -> list[str]:
+        """Download files as immutable snapshots: the live trajectory.json is rewritten every step,
+        and a file that changes while the browser downloads it arrives corrupted."""
+        s = st.session
+        assert s is not None and st.dir is not None
+        export = st.dir / "export"
+        export.mkdir(parents=True, exist_ok=True)
+        version = f"{len(s.trajectory.turns):03d}-{len(s.trajectory.meta.get('rollbacks', []))}-{s.trajectory.stop_reason}"
+        traj_file = export / f"trajectory-{version}.json"
+        if not traj_file.exists():
+            tmp = traj_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(s.trajectory.to_dict(), indent=2, ensure_ascii=False, default=str))
+            tmp.replace(traj_file)
+        files = [str(traj_file)]
+        final = s.trajectory.final_asset()
+        if final is not None:
+            img_file = export / f"final-{version}-{final.id}.png"
+            if not img_file.exists():
+                final.image.save(img_file)
+            files.append(str(img_file))
+        return files
+
+    def _log_proposal(self, st: UIState, p: Proposal) -> None:
+        n = len(st.session.trajectory.turns) + 1 if st.session else 0
+        call = f"`{p.call.name}` `{json.dumps(p.call.arguments, ensure_ascii=False)}`" if p.call else ("`<Terminate>`" if p.terminates else "_no valid call_")
+        st.log.append(f"**Step {n}** — reason: {p.parsed.reason or '_(none)_'}  \ncall: {call}")
+
+    def _log_result(self, st: UIState, res: StepResult) -> None:
+        t = res.turn
+        if t.status == "ok":
+            st.log.append(f"↳ ok{(' → **' + t.output_id + '**') if t.output_id else ''}: {t.tool_text or ''}")
+        elif t.status == "terminate":
+            st.log.append("↳ finished")
+        else:
+            st.log.append(f"↳ {t.status} ({t.error_code}): {t.error}")
+
+    # -- actions -------------------------------------------------------------------------------
+    def start(self, st: UIState, image_paths: list[str] | None, instruction: str, policy_spec: str | None) -> View:
+        if st.session is not None and not st.session.done:
+            st.session.finish("user_restarted")
+        images = [load_image(Path(p)) for p in (image_paths or [])]
+        spec = (policy_spec or "").strip() or self.config.policy
+        task = Task(instruction.strip(), images, id="ui")
+        policy = None
+        if spec:
+            try:
+                policy = GuardedPolicy(build_policy(spec, task), GuardConfig(max_consecutive_invalid=self.config.max_invalid))
+            except Exception as e:  # a bad spec is shown on the page, not a server crash
+                return self.view(UIState(), f"error: {e}")
+        st.dir = Path(self.config.runs_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        st.session = Session(task, make_toolbox(self.config.tools), policy, EpisodeConfig(max_turns=self.config.max_turns), out_dir=st.dir)
+        st.log = [f"Session started with {len(images)} image(s): {st.session.episode.assets.imglist_text()} · policy: {spec or 'you'}"]
+        return self.view(st)
+
+    def step(self, st: UIState) -> View:
+        s = st.session
+        if s is None or s.done:
+            return self.view(st, "start a session first" if s is None else "")
+        if s.policy is None:
+            return self.view(st, "no policy: type a command and press Execute")
+        p = s.propose()
+        if p.error:
+            st.log.append(f"⚠ the policy failed: {p.error}. Take over or press Step to retry.")
+            return self.view(st, "policy error")
+        self._log_proposal(st, p)
+        self._log_result(st, s.approve(p))
+        return self.view(st)
+
+    def run(self, st: UIState) -> Iterator[View]:
+        """Step until the episode ends, yielding after each step so the page streams."""
+        try:
+            while st.session is not None and not st.session.done:
+                before = len(st.log)
+                view = self.step(st)
+                yield view
+                if view.status == "policy error" or len(st.log) == before:
+                    return
+        except GeneratorExit:  # the browser went away mid-run: keep what was done
+            if st.session is not None:
+                st.session.save()
+            raise
+
+    def execute(self, st: UIState, command: str) -> View:
+        s = st.session
+        if s is None or s.done:
+            return self.view(st, "start a session first" if s is None else "")
+        st.log.append(f"**You** — `{command.strip()}`")
+        self._log_result(st, s.take_over(command))
+        return self.view(st)
+
+    def rollback(self, st: UIState, asset_id: str | None) -> View:
+        s = st.session
+        if s is None or not asset_id:
+            return self.view(st, "choose an asset to roll back to")
+        try:
+            s.rollback(asset_id)
+        except KeyError as e:
+            return self.view(st, f"error: {e}")
+        st.log.append(f"↺ rolled back to **{asset_id}**; imglist is {s.episode.assets.imglist_text()}")
+        return self.view(st)
+
+    def stop(self, st: UIState) -> View:
+        if st.session is not None:
+            st.session.finish("user_closed")
+            st.log.append("■ stopped by the user")
+        return self.view(st)
+
+    @staticmethod
+    def close(st: UIState) -> None:
+        """The tab was closed: end the episode, keeping everything saved."""
+        if st is not None and st.session is not None and not st.session.done:
+            log.info("UI session closed mid-episode; saved to %s", st.dir)
+            st.session.finish("user_closed")

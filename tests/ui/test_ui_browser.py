@@ -1,0 +1,89 @@
+"""The web UI end to end in headless Chromium: upload, run a replay session, see the assets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+from PIL import Image
+
+from canvasagent.protocol import format_reply
+from canvasagent.trajectory import Trajectory
+from canvasagent.ui.controller import UIConfig
+
+REPLIES = [
+    format_reply("Mirror the photo.", {"name": "Flip", "arguments": {"image": "img_1"}}),
+    format_reply("Keep the left half.", {"name": "Crop", "arguments": {"image": "Flip_0", "bbox": [0, 0, 500, 1000]}}),
+    format_reply("Done.", terminate=True),
+]
+
+
+def _port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def app(tmp_path):
+    from canvasagent.ui.app import launch
+
+    replay = tmp_path / "replies.json"
+    replay.write_text(json.dumps(REPLIES))
+    cfg = UIConfig(policy=f"replay:{replay}", runs_dir=str(tmp_path / "runs"))
+    port = _port()
+    demo = launch(cfg, port=port, block=False)
+    yield f"http://127.0.0.1:{port}/", tmp_path / "runs"
+    demo.close()
+
+
+def _wait(pred, timeout=30.0, what="condition"):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            value = pred()
+            if value:
+                return value
+        except Exception:  # the page is still rendering
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_upload_run_replay_and_gallery(app, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    url, runs = app
+    img = tmp_path / "photo.png"
+    Image.new("RGB", (64, 40), (200, 30, 30)).save(img)
+
+    browser.get(url)
+    _wait(lambda: browser.find_element(By.CSS_SELECTOR, "#uploads input[type=file]"), what="the upload input")
+    browser.find_element(By.CSS_SELECTOR, "#uploads input[type=file]").send_keys(str(img))
+    _wait(lambda: "photo" in browser.find_element(By.ID, "uploads").text, what="the upload to finish")
+    browser.find_element(By.CSS_SELECTOR, "#instruction textarea").send_keys("Mirror it and keep the left half")
+    browser.find_element(By.ID, "start").click()
+    _wait(lambda: "img_1" in browser.find_element(By.CSS_SELECTOR, "#asset-ids textarea").get_attribute("value"), what="the session to start")
+    browser.find_element(By.ID, "run").click()
+    ids = _wait(
+        lambda: (v := browser.find_element(By.CSS_SELECTOR, "#asset-ids textarea").get_attribute("value")) and "Crop_0" in v and v,
+        what="the replay to produce Crop_0",
+    )
+    assert ids.split() == ["img_1", "Flip_0", "Crop_0"]
+    gallery = browser.find_element(By.ID, "asset-gallery")
+    _wait(lambda: len(gallery.find_elements(By.TAG_NAME, "img")) >= 3, what="three gallery images")
+    _wait(lambda: "finished" in browser.find_element(By.CSS_SELECTOR, "#status textarea").get_attribute("value"), what="status")
+    steps = browser.find_element(By.ID, "steps").text
+    assert "Mirror the photo." in steps and "Flip_0" in steps and "finished" in steps
+    downloads = browser.find_element(By.ID, "downloads").text
+    assert "trajectory-" in downloads and "Crop_0" in downloads
+    browser.save_screenshot(str(tmp_path / "ui.png"))
+
+    (session_dir,) = list(runs.iterdir())
+    traj = Trajectory.load(session_dir)
+    assert traj.tool_sequence == ["Flip", "Crop"] and traj.stop_reason == "terminate"
+    assert traj.assets.get("Crop_0").size == (32, 40)
