@@ -73,7 +73,8 @@ class Chain:
             group=str(spec.get("group", "user")),
             inputs=int(inputs),
             needs=tuple(needs),
-            name=spec.get("name") or chain_name(tools),
+            # As written in the YAML, so names match the paper's tables ("ImageEdit", "Edit+OCR+SR").
+            name=spec.get("name") or (raw if isinstance(raw, str) else chain_name(tools)),
         )
 
     @property

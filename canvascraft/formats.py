@@ -93,7 +93,13 @@ def png(image) -> dict[str, Any]:
 
 
 def sft_row(traj: Trajectory, source_meta: list[dict[str, Any]], writer: str) -> dict[str, Any]:
-    """A parquet row from a kept trajectory; messages come from the public ShareGPT writer."""
+    """A parquet row from a kept trajectory; messages come from the public ShareGPT writer.
+
+    Wall-clock timings are zeroed: they say nothing about the data, and without them a rebuilt
+    shard is byte-identical to the original (what makes kill-and-resume checkable).
+    """
+    for t in traj.turns:
+        t.policy_s = t.tool_s = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         rec = to_record(traj, tmp, image_prefix="")
         images = [{"bytes": (Path(tmp) / name).read_bytes(), "path": None} for name in rec["images"]]
