@@ -1,0 +1,63 @@
+"""Canvas session: tool calls by name, undo, submit, budget, history and S curve."""
+import numpy as np
+
+from canvasagent.easel import render, tasks
+from canvasagent.easel.canvas import CanvasSession, registry_param_names, registry_tool_names
+
+
+def _args(p):
+    return render.params_to_dict(p)
+
+
+def test_stroke_undo_submit():
+    t = tasks.make_reconstruction("programmatic", 1)
+    s = CanvasSession.for_task(t)
+    p = np.array([0.2, 0.2, 0.5, 0.5, 0.8, 0.8, 0.3, 1, 0.3, 1, 0.1, 0.2, 0.3])
+    r = s.call("brush_stroke", _args(p))
+    assert r.ok and r.steps_used == 1 and len(s.s_curve) == 1 and s.strokes.shape == (1, 13)
+    assert not np.allclose(s.canvas, 1.0)
+    r = s.call("undo", {})
+    assert r.ok and np.allclose(s.canvas, 1.0) and s.strokes.shape == (0, 13) and r.steps_used == 2
+    assert not s.call("undo", {}).ok  # nothing to undo, still a step
+    assert not s.call("brush_stroke", {"xs": 0.1}).ok  # invalid args cost a step
+    assert not s.call("paint_bucket", {}).ok
+    r = s.execute({"name": "submit", "arguments": {}})
+    assert r.done and s.submitted and s.steps_used == 5
+    assert not s.call("brush_stroke", _args(p)).ok  # finished
+    assert [e.tool for e in s.history][:2] == ["brush_stroke", "undo"]
+    d = s.diagnostics()
+    assert d.steps == 5
+
+
+def test_budget_exhaustion():
+    s = CanvasSession(render.blank_canvas(16), budget=2)
+    p = np.full(13, 0.5)
+    s.brush_stroke(p)
+    r = s.brush_stroke(p)
+    assert r.done and s.done
+    assert s.diagnostics().exact_repeat_rate == 0.0  # no reference -> empty curve
+
+
+def test_fixed_appearance_and_maze_rejection():
+    t = tasks.simple_maze_task(0)
+    s = CanvasSession.for_task(t)
+    assert s.fixed_appearance and s.reference is None
+    r = s.call("brush_stroke", {"xs": 0.0, "ys": 0.5, "xc": 0.5, "yc": 0.5, "xe": 1.0, "ye": 0.5})
+    assert not r.ok and "wall" in r.message and s.steps_used == 1
+    assert np.array_equal(s.canvas, t.initial_canvas())
+    for p in t.route_strokes():
+        assert s.call("brush_stroke", dict(zip(render.PATH_NAMES, p[:6]))).ok
+    assert t.score(s.canvas) == 1.0
+
+
+def test_int_coords_mode():
+    s = CanvasSession(render.blank_canvas(32), budget=4, int_coords=True)
+    args = {"xs": 100, "ys": 500, "xc": 500, "yc": 500, "xe": 900, "ye": 500,
+            "rs": 0.2, "os": 1, "re": 0.2, "oe": 1, "cr": 0, "cg": 0, "cb": 0}
+    assert s.call("brush_stroke", args).ok
+    assert s.strokes[0, 0] == 0.1 and s.canvas[16, 16].max() < 0.01
+
+
+def test_registry_names_consistent():
+    assert set(registry_tool_names()) >= {"brush_stroke", "undo", "submit"}
+    assert tuple(registry_param_names()) == render.PARAM_NAMES

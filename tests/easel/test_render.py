@@ -1,0 +1,112 @@
+"""Renderer geometry, determinism, batching and agreement with the supersampled reference."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from canvasagent.easel import render
+from canvasagent.easel.reference_render import reference_alpha, supersampled_alpha
+
+
+def stroke(xs, ys, xc, yc, xe, ye, r=0.1, a=1.0, col=(0.0, 0.0, 0.0)):
+    return np.array([xs, ys, xc, yc, xe, ye, r, a, r, a, *col], dtype=np.float64)
+
+
+def test_blank_canvas_is_white():
+    c = render.blank_canvas(32)
+    assert c.shape == (32, 32, 3) and np.all(c == 1.0)
+
+
+def test_horizontal_stroke_geometry():
+    h = 64
+    p = stroke(0.25, 0.5, 0.5, 0.5, 0.75, 0.5, r=0.2)
+    a = render.alpha_np(p, h)
+    rad = render.R_MIN_PX + 0.2 * (h * render.R_MAX_FRAC - render.R_MIN_PX)
+    rows = np.nonzero(a[:, 32] > 0.5)[0]
+    # covered rows are those whose centre lies within the radius of y = 32
+    assert abs((rows.max() - rows.min() + 1) - 2 * rad) <= 1.0
+    assert abs((rows.min() + rows.max() + 1) / 2 - 32) <= 0.5
+    cols = np.nonzero(a[32] > 0.5)[0]
+    assert abs(cols.min() - (16 - rad)) <= 1.0 and abs(cols.max() + 1 - (48 + rad)) <= 1.0
+    assert a[0, 0] == 0.0 and a[32, 32] == pytest.approx(1.0)
+
+
+def test_symmetry_under_reversal():
+    p = stroke(0.1, 0.2, 0.8, 0.1, 0.6, 0.9, r=0.15)
+    q = p.copy()
+    q[[0, 1, 4, 5]] = p[[4, 5, 0, 1]]
+    assert np.abs(render.alpha_np(p, 48) - render.alpha_np(q, 48)).max() < 1e-4
+
+
+def test_opacity_and_colour_composite():
+    p = stroke(0.5, 0.5, 0.5, 0.5, 0.5, 0.5, r=0.5, a=0.5, col=(1.0, 0.0, 0.0))
+    c = render.apply_stroke(render.blank_canvas(32), p)
+    assert np.allclose(c[16, 16], [1.0, 0.5, 0.5], atol=1e-4)
+
+
+def test_deterministic_and_batch_matches_single():
+    rng = np.random.default_rng(0)
+    ps = rng.random((5, 13))
+    base = render.blank_canvas(40)
+    batch = render.render_batch_np(base, ps)
+    for i, p in enumerate(ps):
+        one = render.apply_stroke(base, p)
+        assert np.abs(one - batch[i]).max() < 1e-4
+        assert np.array_equal(one, render.apply_stroke(base, p))
+
+
+def test_sequence_matches_incremental():
+    rng = np.random.default_rng(1)
+    ps = rng.random((6, 13)).astype(np.float32)
+    inc = render.render_strokes(ps, 32)
+    seq = render.render_sequence(torch.from_numpy(ps), 32, 32).permute(1, 2, 0).numpy()
+    assert np.abs(inc - seq).max() < 1e-4
+
+
+def test_differentiable():
+    p = torch.tensor(np.random.default_rng(2).random((3, 13)), dtype=torch.float32, requires_grad=True)
+    img = render.render_sequence(p, 24, 24)
+    img.mean().backward()
+    assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
+
+
+def test_matches_supersampled_reference():
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        p = rng.random(13)
+        p[[6, 8]] *= 0.5
+        gt = supersampled_alpha(p, 48, ss=4, n_t=512)
+        mse = float(((render.alpha_np(p, 48) - gt) ** 2).mean())
+        assert 10 * np.log10(1 / max(mse, 1e-12)) > 35
+        assert reference_alpha(p, 48).shape == (48, 48)
+
+
+def test_expand_fixed_appearance():
+    full = render.expand_fixed([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
+    assert full.shape == (13,)
+    assert full[7] == 1.0 and full[9] == 1.0 and tuple(full[10:13]) == render.FIXED_APPEARANCE.color
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=13, max_size=13))
+def test_validate_params_property(vals):
+    ok = all(np.isfinite(v) and 0.0 <= v <= 1.0 for v in vals)
+    if ok:
+        assert render.validate_params(vals).shape == (13,)
+    else:
+        with pytest.raises(ValueError):
+            render.validate_params(vals)
+
+
+def test_params_from_dict_aliases_and_errors():
+    names = render.PARAM_NAMES
+    d = {k: 0.5 for k in names}
+    assert render.params_from_dict(d).shape == (13,)
+    alias = {("as" if k == "os" else "ae" if k == "oe" else k): 0.5 for k in names}
+    assert render.params_from_dict(alias).shape == (13,)
+    with pytest.raises(ValueError):
+        render.params_from_dict({k: 0.5 for k in names[:12]})
+    with pytest.raises(ValueError):
+        render.params_from_dict({**d, "xs": "left"})
+    with pytest.raises(ValueError):
+        render.params_from_dict({**d, "xs": 1.5})
