@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from toolserver.backends._base import BackendUnavailable, Lazy, parse_params, require, to_rgb
+from toolserver.backends._base import BackendUnavailable, Lazy, parse_params, require, shared, to_rgb
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -47,6 +47,42 @@ class OcrLines:
 def _xyxy(points: Any) -> list[int]:
     pts = np.asarray(points, dtype=float).reshape(-1, 2)
     return [int(round(pts[:, 0].min())), int(round(pts[:, 1].min())), int(round(pts[:, 0].max())), int(round(pts[:, 1].max()))]
+
+
+def merge_line_fragments(found: OcrLines, max_gap: float = 1.0, min_overlap: float = 0.6) -> OcrLines:
+    """Join detections that are pieces of one text line.
+
+    PP-OCR's detector splits a line into words on wide, short images (a 640x105 banner comes back
+    as 'GRAND' / 'OPENING' / 'SALE', while the same line on a 640x300 canvas is one box). Two
+    boxes are one line when they overlap vertically by `min_overlap` of the smaller height and
+    the horizontal gap is at most `max_gap` line heights; farther apart they stay separate
+    (columns, labels).
+    """
+    order = sorted(range(len(found.lines)), key=lambda i: (found.boxes[i][1] + found.boxes[i][3]) / 2)
+    groups: list[list[int]] = []
+    for i in order:
+        x0, y0, x1, y1 = found.boxes[i]
+        for g in groups:
+            gx0, gy0, gx1, gy1 = _union([found.boxes[j] for j in g])
+            overlap = min(y1, gy1) - max(y0, gy0)
+            height = min(y1 - y0, gy1 - gy0)
+            gap = max(x0 - gx1, gx0 - x1)
+            if height > 0 and overlap >= min_overlap * height and gap <= max_gap * height:
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    merged = OcrLines([], [], [])
+    for g in sorted(groups, key=lambda g: (_union([found.boxes[j] for j in g])[1], _union([found.boxes[j] for j in g])[0])):
+        g.sort(key=lambda j: found.boxes[j][0])
+        merged.lines.append(" ".join(found.lines[j] for j in g))
+        merged.scores.append(min(found.scores[j] for j in g))
+        merged.boxes.append(_union([found.boxes[j] for j in g]))
+    return merged
+
+
+def _union(boxes: list[list[int]]) -> list[int]:
+    return [min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[2] for b in boxes), max(b[3] for b in boxes)]
 
 
 def format_ocr(found: OcrLines, text_format: str) -> str:
@@ -80,6 +116,7 @@ def _check_format(text_format: str) -> None:
 class RapidOcrParams:
     text_format: str = "lines"
     text_score: float = 0.5  # rapidocr's own default: lines recognised below this are dropped
+    merge_lines: bool = True  # join word fragments of one line (see merge_line_fragments)
     use_cls: bool = True  # text-line orientation classifier (rotated text)
     threads: int = 0  # onnxruntime intra-op threads; 0 = onnxruntime's choice
     # Optional local ONNX files replacing the shipped PP-OCRv6 ones.
@@ -96,14 +133,19 @@ class RapidOcrBackend:
         _check_format(params.text_format)
         self.params = params
         self._engine: Lazy[Any] = Lazy(self._load)
-        # The rapidocr engine keeps per-call state in its preprocessing objects.
-        self._lock = threading.Lock()
 
-    def _load(self) -> Any:
+    def _load(self) -> tuple[Any, threading.Lock]:
+        p = self.params
+        key = ("rapidocr", p.text_score, p.use_cls, p.threads, p.det_model_path, p.rec_model_path, p.cls_model_path, repr(sorted(p.extra.items())))
+        # Backends differing only in text layout share one engine (and its lock: rapidocr
+        # keeps per-call state in its preprocessing objects).
+        return shared(key, lambda: (self._create(), threading.Lock()))
+
+    def _create(self) -> Any:
         rapidocr = require("rapidocr", "pip install 'rapidocr>=3' onnxruntime")
         require("onnxruntime", "pip install onnxruntime (rapidocr does not declare it)")
         p = self.params
-        cfg: dict[str, Any] = {"Global.log_level": "warning", "Global.text_score": p.text_score, "Global.use_cls": p.use_cls}
+        cfg: dict[str, Any] = {"Global.log_level": "error", "Global.text_score": p.text_score, "Global.use_cls": p.use_cls}
         if p.threads:
             cfg["EngineConfig.onnxruntime.intra_op_num_threads"] = p.threads
         for key, path in (("Det", p.det_model_path), ("Rec", p.rec_model_path), ("Cls", p.cls_model_path)):
@@ -118,13 +160,14 @@ class RapidOcrBackend:
             raise BackendUnavailable(f"rapidocr failed to initialise ({type(e).__name__}: {e}); the shipped models need no download") from e
 
     def recognise(self, image: Image.Image) -> OcrLines:
-        engine = self._engine.get()
-        with self._lock:
+        engine, lock = self._engine.get()
+        with lock:
             out = engine(to_rgb(image))
         txts: Sequence[str] = out.txts or ()
         scores = [round(float(s), 4) for s in (out.scores or ())]
         boxes = [_xyxy(b) for b in (out.boxes if out.boxes is not None else ())]
-        return OcrLines(list(txts), scores, boxes)
+        found = OcrLines(list(txts), scores, boxes)
+        return merge_line_fragments(found) if self.params.merge_lines else found
 
     def __call__(self, request: ToolRequest) -> ToolResult:
         return _result(self.recognise(request.images["image"]), self.params.text_format, self.name)
@@ -148,6 +191,7 @@ class PaddleOcrParams:
     device: str | None = None  # "gpu:0", "cpu"; PaddleOCR's own default when None
     use_textline_orientation: bool = False
     text_score: float = 0.5  # drop lines recognised below this, like rapidocr does
+    merge_lines: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # further PaddleOCR(...) keyword arguments
 
 
@@ -203,7 +247,7 @@ class PaddleOcrBackend:
                 found.lines.append(str(text))
                 found.scores.append(round(float(score), 4))
                 found.boxes.append(_xyxy(poly))
-        return found
+        return merge_line_fragments(found) if self.params.merge_lines else found
 
     def __call__(self, request: ToolRequest) -> ToolResult:
         return _result(self.recognise(request.images["image"]), self.params.text_format, self.name)

@@ -30,7 +30,7 @@ from toolserver.backends._base import TINY_MARKER, parse_params
 log = logging.getLogger(__name__)
 
 #: Bump when a builder changes, so stale caches are not reused.
-TINY_VERSION = 1
+TINY_VERSION = 2
 DEFAULT_SEED = 0
 
 
@@ -184,7 +184,8 @@ def build_tiny_grounding(out: Path, seed: int = DEFAULT_SEED) -> Path:
         model = GroundingDinoForObjectDetection(config)
     finally:
         ctx.__exit__(None, None, None)
-    processor = GroundingDinoProcessor(image_processor=GroundingDinoImageProcessor(size={"shortest_edge": 64, "longest_edge": 96}), tokenizer=tokenizer)
+    # 128 px: the coarsest feature level (stride 64) must keep >1 value per GroupNorm group.
+    processor = GroundingDinoProcessor(image_processor=GroundingDinoImageProcessor(size={"shortest_edge": 128, "longest_edge": 192}), tokenizer=tokenizer)
     model.save_pretrained(out)
     processor.save_pretrained(out)
     _write_marker(out, "grounding", seed)
@@ -279,7 +280,8 @@ def ensure_tiny(kind: str, cache_dir: str | Path | None = None, seed: int = DEFA
 
 def _tiny_params(kind: str, params: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     params = dict(params)
-    path = ensure_tiny(kind, params.pop("cache_dir", None), int(params.pop("seed", DEFAULT_SEED)))
+    # `weights_seed` picks the random weights; `seed` stays the backend's own (FLUX sampling).
+    path = ensure_tiny(kind, params.pop("cache_dir", None), int(params.pop("weights_seed", DEFAULT_SEED)))
     if "model" in params:
         raise ValueError(f"{kind}-tiny builds its own checkpoint; use the real backend to load {params['model']!r}")
     # The CPU unless asked otherwise: plumbing runs should not take GPU memory from real models.
