@@ -13,6 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy", required=True, help="replay:PATH | hf:PATH_OR_ID | openai:MODEL@BASE_URL | scripted:NAME")
     p.add_argument("--tasks", required=True, help="eval split: a dir with tasks.jsonl, a .jsonl file, or a dir of */task.json")
     p.add_argument("--judge", default="offline", choices=("offline", "http", "local"))
+    p.add_argument("--judge-model", default=None, help="local judge checkpoint, or the HTTP judge's model name")
+    p.add_argument("--judge-url", default=None, help="HTTP judge base URL (OpenAI-compatible)")
     p.add_argument("--preset", default="paper", help="reward preset in configs/reward/ (default: paper)")
     p.add_argument("--out", required=True, help="output dir (trajectories, report.json/.md, charts)")
     p.add_argument("--workers", type=int, default=2, help="episodes run concurrently")
@@ -57,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             outcome = evaluate_policy(
-                args.policy, args.tasks, args.out, args.judge, args.preset, cfg, args.limit, progress=progress
+                args.policy, args.tasks, args.out, args.judge, args.preset, cfg, args.limit, progress=progress,
+                judge_model=args.judge_model, judge_url=args.judge_url,
             )
         except (PolicySpecError, TaskLoadError, ScorerUnavailable, OSError) as e:
             print(f"error: {e}", file=sys.stderr)

@@ -40,9 +40,11 @@ def evaluate_policy(
     scorer: Scorer | None = None,
     progress: Progress | None = None,
     title: str = "Evaluation",
+    judge_model: str | None = None,
+    judge_url: str | None = None,
 ) -> EvalOutcome:
     tasks = load_tasks(tasks_path, limit=limit)
-    scorer = scorer or make_scorer(judge, preset)
+    scorer = scorer or make_scorer(judge, preset, judge_model, judge_url)
     factory = PolicyFactory(policy)
     try:
         results = EvalRunner(factory, scorer, out_dir, config).run(tasks, progress)

@@ -46,6 +46,7 @@ class TaskResult:
     n_calls: int = 0
     valid_replies: int = 0  # turns whose reply had no format finding
     success: bool = False
+    align_measured: bool = True  # False when the alignment score is a judge fallback
     error: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
@@ -63,13 +64,15 @@ class TaskResult:
 
 def task_result(traj: Trajectory, scores: dict[str, float], success_threshold: float, seconds: float = 0.0) -> TaskResult:
     """Summarise a scored trajectory. Success: the policy ended the episode itself and the
-    alignment judge found the instruction met (align >= threshold)."""
+    alignment judge measured the instruction as met (align >= threshold). A fallback alignment
+    (no verifiable check, judge unreachable) is not evidence of success."""
     calls = [
         ToolCallRecord(t.call.name, t.status == "ok", t.error_code, t.tool_s)
         for t in traj.turns
         if t.call is not None
     ]
     align = scores.get("align", float("nan"))
+    measured = scores.get("align/fallback", 0.0) < 0.5
     return TaskResult(
         task_id=traj.task.id,
         scores=dict(scores),
@@ -77,7 +80,8 @@ def task_result(traj: Trajectory, scores: dict[str, float], success_threshold: f
         n_turns=len(traj.turns),
         n_calls=len(traj.calls),
         valid_replies=sum(1 for t in traj.turns if not t.findings),
-        success=bool(traj.terminated and not math.isnan(align) and align >= success_threshold),
+        success=bool(traj.terminated and measured and not math.isnan(align) and align >= success_threshold),
+        align_measured=measured,
         error=traj.meta.get("error"),
         labels=dict(traj.task.labels),
         tool_calls=calls,
@@ -107,6 +111,7 @@ class Summary:
     n_tasks: int
     metrics: dict[str, float]  # PAPER_METRICS keys
     success_rate: float
+    align_measured_rate: float
     valid_reply_rate: float
     stop_reasons: dict[str, int]
     tools: dict[str, ToolStats]
@@ -145,6 +150,7 @@ def summarize(results: list[TaskResult]) -> Summary:
         n_tasks=len(results),
         metrics=metrics,
         success_rate=_mean(float(r.success) for r in results),
+        align_measured_rate=_mean(float(r.align_measured) for r in results),
         valid_reply_rate=(sum(r.valid_replies for r in results) / turns) if turns else float("nan"),
         stop_reasons=dict(Counter(r.stop_reason for r in results)),
         tools=dict(sorted(tools.items())),

@@ -44,6 +44,8 @@ def render_markdown(summary: Summary, title: str, setting: str) -> str:
         "",
         f"- tasks: {summary.n_tasks}; success rate: {_fmt(summary.success_rate)}; "
         f"valid replies: {_fmt(summary.valid_reply_rate)}; episodes with errors: {summary.n_errors}",
+        f"- alignment measured by a verifiable check or judge (not a fallback) on {_fmt(summary.align_measured_rate)} of tasks; "
+        "success needs a measured alignment",
         "- stop reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.stop_reasons.items())),
         "",
         "## Tool calls",

@@ -51,17 +51,32 @@ def normalise_keys(scores: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def make_scorer(judge: str = "offline", preset: str = "paper", judge_config: str | None = None) -> Scorer:
-    """The hybrid reward as a scorer, under `preset` (configs/reward/) with the given judge kind."""
+def make_scorer(judge: str = "offline", preset: str = "paper", judge_model: str | None = None, judge_url: str | None = None) -> Scorer:
+    """The hybrid reward as a scorer, under `preset` (configs/reward/) with the given judge kind.
+
+    `judge_model` is the local judge's checkpoint or the HTTP judge's model name; `judge_url` the
+    HTTP judge's base URL. Unset, they come from the preset (and its environment variables).
+    """
     if judge not in JUDGES:
         raise ValueError(f"unknown judge {judge!r}; use one of {', '.join(JUDGES)}")
     try:
-        from rewards import hybrid  # type: ignore[attr-defined]
+        from rewards.config import load_reward_config
+        from rewards.hybrid import HybridReward
     except ImportError as e:
-        raise ScorerUnavailable(
-            f"the hybrid reward is not available ({e}); evaluation needs rewards.hybrid from issue 3"
-        ) from e
-    reward = hybrid.HybridReward.from_preset(preset, judge=judge)
+        raise ScorerUnavailable(f"the hybrid reward is not available ({e}); evaluation needs rewards.hybrid") from e
+    try:
+        cfg = load_reward_config(preset)
+    except FileNotFoundError as e:
+        raise ScorerUnavailable(str(e)) from e
+    cfg.judges.kind = judge
+    if judge_model:
+        cfg.judges.local.model = judge_model
+        cfg.judges.http.model = judge_model
+    if judge_url:
+        cfg.judges.http.base_url = judge_url
+    if judge == "local" and not cfg.judges.local.model:
+        raise ScorerUnavailable("--judge local needs a checkpoint: pass --judge-model PATH (or set judges.local.model in the preset)")
+    reward = HybridReward(cfg)
 
     def score(traj: Trajectory) -> dict[str, float]:
         return normalise_keys(reward.score(traj))

@@ -1,6 +1,7 @@
 """Read an evaluation split from disk into `Task`s.
 
 Accepted layouts (the first that matches wins):
+- a CanvasCraft RL build directory (its manifest names the shards; the held-out `eval` split is read);
 - a directory with `tasks.jsonl`, `eval.jsonl` or `test.jsonl`, or a `.jsonl`/`.json` file;
 - a directory of task folders, each with a `task.json`.
 
@@ -21,7 +22,7 @@ from canvasagent.tasks import Task
 
 log = logging.getLogger(__name__)
 
-SPLIT_FILES = ("tasks.jsonl", "eval.jsonl", "test.jsonl", "tasks.json", "eval.json")
+SPLIT_FILES = ("tasks.jsonl", "eval.jsonl", "test.jsonl", "tasks.json", "eval.json", "rl.json")
 
 
 class TaskLoadError(ValueError):
@@ -40,15 +41,27 @@ def _images(paths: Any, base: Path) -> list:
     return out
 
 
+LABEL_AXES = ("reasoning", "length", "diversity")  # the paper's R/L/D axes
+
+
 def task_from_record(rec: dict[str, Any], base: Path, index: int = 0) -> Task:
-    if "prompt" in rec and "instruction" not in rec:  # public CanvasCraft-RL record
-        extra = rec.get("extra_info") or {}
+    if "prompt" in rec and "instruction" not in rec:  # public CanvasCraft-RL record (ours adds checks/labels)
+        extra = dict(rec.get("extra_info") or {})
+        checks = extra.pop("checks", None) or []
+        if isinstance(checks, str):
+            checks = json.loads(checks)
+        labels = {ax: str(extra.pop(ax)) for ax in LABEL_AXES if extra.get(ax) is not None}
+        ref = extra.pop("reference_image", None)
+        if ref:
+            extra["reference_images"] = [str(base / ref)]
         return Task(
             instruction=rec["prompt"],
             images=_images(rec.get("image") or rec.get("images"), base),
-            id=str(extra.get("id", rec.get("id", f"task_{index:05d}"))),
+            id=str(extra.pop("id", rec.get("id", f"task_{index:05d}"))),
             expected_tools=list(rec.get("path") or []),
-            meta={k: v for k, v in extra.items() if k != "id"},
+            checks=list(checks),
+            labels=labels,
+            meta=extra,
         )
     d = dict(rec)
     d.setdefault("id", f"task_{index:05d}")
@@ -70,10 +83,30 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
     return data if isinstance(data, list) else data.get("tasks", [data])
 
 
-def load_tasks(path: str | Path, limit: int | None = None) -> list[Task]:
+def _canvascraft_tasks(p: Path, split: str) -> list[Task] | None:
+    """Tasks of a CanvasCraft RL build directory, or None when `p` is not one."""
+    try:
+        from canvascraft.build import load_manifest, shard_files
+    except ImportError:
+        return None
+    if p.is_file() or load_manifest(p) is None:
+        return None
+    from canvascraft.formats import read_rows
+    from canvascraft.rl import task_of
+
+    files = [f for f in shard_files(p, split=split) if f.name.startswith("rl-")]
+    if not files:
+        raise TaskLoadError(f"{p} is a CanvasCraft build without RL {split!r} shards (build with eval_n > 0)")
+    return [task_of(row) for row in read_rows(files)]
+
+
+def load_tasks(path: str | Path, limit: int | None = None, split: str = "eval") -> list[Task]:
     p = Path(path)
     if not p.exists():
         raise TaskLoadError(f"task split {p} does not exist")
+    built = _canvascraft_tasks(p, split)
+    if built is not None:
+        return built[:limit] if limit else built
     files: list[Path] = []
     if p.is_file():
         files = [p]

@@ -87,7 +87,7 @@ def test_cancel_saves_partial_trajectories(eval_split, tmp_path):
 
 
 def test_eval_cli_end_to_end_replay(eval_split, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(eval_api, "make_scorer", lambda judge, preset: fake_score)
+    monkeypatch.setattr(eval_api, "make_scorer", lambda *a, **k: fake_score)
     # Record the scripted run, then replay it through the CLI: replay keys on task ids.
     EvalRunner(PolicyFactory("scripted:expected"), fake_score, tmp_path / "rec").run(load_tasks(eval_split))
     out = tmp_path / "eval"
@@ -102,8 +102,43 @@ def test_eval_cli_end_to_end_replay(eval_split, tmp_path, monkeypatch, capsys):
 
 
 def test_eval_cli_reports_bad_input(eval_split, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(eval_api, "make_scorer", lambda judge, preset: fake_score)
+    monkeypatch.setattr(eval_api, "make_scorer", lambda *a, **k: fake_score)
     assert cli_main(["eval", "--policy", "nope:x", "--tasks", str(eval_split), "--out", str(tmp_path / "o")]) == 2
     assert cli_main(["eval", "--policy", "scripted:flip", "--tasks", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "unknown policy kind" in err and "does not exist" in err
+
+
+def test_eval_cli_with_the_real_hybrid_reward(eval_split, tmp_path, capsys):
+    out = tmp_path / "eval"
+    rc = cli_main(["eval", "--policy", "scripted:expected", "--tasks", str(eval_split), "--judge", "offline", "--out", str(out)])
+    assert rc == 0
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    m = summary["metrics"]
+    for key in ("overall", "align", "aes", "traj", "rule"):
+        assert 0.0 <= m[key] <= 1.0, key
+    assert m["calls"] == 2.0 and m["rule"] > 0.5
+    assert summary["align_measured_rate"] == 0.0 and summary["success_rate"] == 0.0  # no checks: no evidence
+    # The terminate-at-once baseline scores lower on the same split.
+    rc = cli_main(["eval", "--policy", "scripted:terminate", "--tasks", str(eval_split), "--out", str(tmp_path / "base")])
+    base = json.loads((tmp_path / "base" / "report.json").read_text())["summary"]["metrics"]
+    assert base["overall"] < m["overall"] and base["calls"] == 0.0
+
+
+def test_eval_cli_unknown_preset_is_clear(eval_split, tmp_path, capsys):
+    rc = cli_main(["eval", "--policy", "scripted:flip", "--tasks", str(eval_split), "--preset", "nope", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "nope" in capsys.readouterr().err
+
+
+def test_public_rl_record_with_checks_and_labels(tmp_path):
+    from PIL import Image
+
+    (tmp_path / "images").mkdir()
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "a.png")
+    Image.new("RGB", (8, 8)).save(tmp_path / "images" / "ref.png")
+    rec = {"path": ["Flip"], "image": ["images/a.png"], "prompt": "flip", "extra_info": {"id": "x1", "tone": "explicit", "reasoning": "easy", "length": "easy", "diversity": "easy", "checks": json.dumps([{"type": "orientation", "value": "square"}]), "reference_image": "images/ref.png"}}
+    (tmp_path / "rl.json").write_text(json.dumps([rec]))
+    (t,) = load_tasks(tmp_path)
+    assert t.labels == {"reasoning": "easy", "length": "easy", "diversity": "easy"}
+    assert t.checks == [{"type": "orientation", "value": "square"}]
+    assert t.meta["reference_images"] == [str(tmp_path / "images" / "ref.png")] and t.meta["tone"] == "explicit"
