@@ -99,32 +99,37 @@ def add_conditions(plan: Plan, reasoning: str, rng: random.Random) -> tuple[int,
 
 
 def checks_for(plan: Plan, has_reference: bool) -> list[dict[str, Any]]:
-    """Verifiable checks for the offline alignment judge (see rewards/ for their semantics)."""
+    """Verifiable checks in the offline alignment judge's vocabulary (rewards/checks.py)."""
     tools = [s.tool for s in plan.steps]
     checks: list[dict[str, Any]] = []
     if has_reference:
-        checks.append({"type": "reference_image", "column": "reference_image", "min_similarity": 0.9})
-    after_edit = "ImageEdit" in tools
+        # `task_of(row)` puts the row's reference_image at task.meta["reference_images"][0].
+        checks.append({"type": "reference_similarity", "image_index": 0, "metric": "ssim", "threshold": 0.9})
     for i, s in enumerate(plan.steps):
         later = tools[i + 1 :]
         # Only when nothing later could hide, turn or cut the text.
         if s.clause == "Overlayer.text" and not {"ImageEdit", "Overlayer", "Rotate", "Flip", "Crop"} & set(later):
             checks.append({"type": "ocr_contains", "text": s.params["text"]})
     text = plan.inputs[0].meta.get("text") if plan.inputs else None
-    if text and not after_edit and "Crop" not in tools and any(s.clause in ("Rotate.fix", "Flip.fix") for s in plan.steps):
+    if text and not {"ImageEdit", "Crop"} & set(tools) and any(s.clause in ("Rotate.fix", "Flip.fix") for s in plan.steps):
         # The correction should leave the scene's text readable again.
         checks.append({"type": "ocr_contains", "text": text})
-    if tools[-1] == "OCR" and plan.expect_text:
-        checks.append({"type": "answer_contains", "text": plan.expect_text})
+    grounded = [s for s in plan.steps if s.tool == "Grounding"]
+    if grounded and plan.inputs:
+        last = max(i for i, t in enumerate(tools) if t == "Grounding")
+        if "ImageEdit" not in tools[last:]:
+            checks.append({"type": "grounding_finds", "text": grounded[-1].params["target"]})
     n_sr = tools.count("SR")
     resized = {"Crop", "ImageGeneration"} & set(tools) or any(s.tool == "Rotate" and s.params.get("angle") == 45 for s in plan.steps)
     if n_sr and not resized and plan.inputs:
-        checks.append({"type": "size_relation", "relation": "scale", "of": "img_1", "factor": 4**n_sr})
+        checks.append({"type": "size_relation", "of": "img_1", "factor": 4**n_sr})
     elif "Crop" in tools and not n_sr and plan.inputs:
-        checks.append({"type": "size_relation", "relation": "smaller", "of": "img_1"})
-    kinds = sorted({k for t, k in (("SAM", "mask"), ("Extract", "rgba")) if t in tools})
-    if kinds:
-        checks.append({"type": "asset_kinds", "kinds": kinds})
+        checks.append({"type": "size_relation", "of": "img_1", "relation": "smaller"})
+    for tool, kind in (("SAM", "mask"), ("Extract", "rgba")):
+        if tool in tools:
+            checks.append({"type": "asset_kind", "kind": kind, "tool": tool})
+    if "ImageEdit" in tools and plan.inputs:
+        checks.append({"type": "differs_from", "of": "img_1"})
     return checks
 
 
@@ -237,5 +242,10 @@ def task_of(row: dict[str, Any]) -> Task:
         expected_tools=list(row["path"]),
         checks=json.loads(row["checks"] or "[]"),
         labels={ax: row[ax] for ax in ("reasoning", "length", "diversity")},
-        meta={"tone": row["tone"], "chain": row["chain"], "split": row["split"]},
+        meta={
+            "tone": row["tone"],
+            "chain": row["chain"],
+            "split": row["split"],
+            "reference_images": [open_image(row["reference_image"]["bytes"])] if row.get("reference_image") else [],
+        },
     )

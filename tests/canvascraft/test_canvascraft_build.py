@@ -25,7 +25,8 @@ from canvascraft import formats
 from canvascraft.build import BuildInterrupted, load_build_config, run_build, shard_files
 from canvascraft.chains import Chain, ChainSet, default_inputs
 from canvascraft.plan import make_plan
-from canvascraft.rl import diversity_level, length_level
+from canvascraft.rl import diversity_level, length_level, task_of
+from rewards.checks import CHECK_TYPES
 from canvascraft.sft import build_one, missing_backends, quality_control
 from canvascraft.sources import HFSource, ProceduralSource, SourceImage, make_source
 from canvascraft.stats import write_report
@@ -284,7 +285,7 @@ def test_rl_tasks_labels_checks_and_eval_split(rl_build, tmp_path):
     for r in rows:
         assert r["length"] == length_level(len(r["path"])) and r["diversity"] == diversity_level(len(set(r["path"])))
         assert r["reasoning"] in ("easy", "medium", "hard")
-        assert isinstance(json.loads(r["checks"]), list) and r["prompt"]
+        assert r["prompt"] and all(c["type"] in CHECK_TYPES for c in json.loads(r["checks"]))
         assert len(r["images"]) == default_inputs(r["path"])
     # The eval split does not depend on --seed.
     other = tmp_path / "rl2"
@@ -299,8 +300,20 @@ def test_rl_reference_images_for_deterministic_chains(tmp_path):
     run_build("rl", _cfg("rl", n=4, eval_n=0, chains=[str(p)], length={"easy": 1}), out, progress=False)
     rows = formats.read_rows(shard_files(out))
     assert rows and all(r["reference_image"] is not None for r in rows)
+    from canvasagent.assets import AssetStore, Provenance
+    from canvasagent.trajectory import Trajectory
+    from rewards.checks import CheckContext, run_checks
+
     for r in rows:
-        assert any(c["type"] == "reference_image" for c in json.loads(r["checks"]))
+        # The offline alignment judge scores the reference solution's final image as a match.
+        task = task_of(r)
+        store = AssetStore()
+        for img in task.images:
+            store.add_input(img)
+        store.register_output("Flip", task.meta["reference_images"][0], OutputKind.IMAGE, Provenance(0, "Flip", {}, ("img_1",)))
+        _, results = run_checks(CheckContext(Trajectory(task, store, stop_reason="terminate")), task.checks)
+        ref = [x for x in results if x.type == "reference_similarity"]
+        assert len(ref) == 1 and ref[0].score == pytest.approx(1.0)
 
 
 # -- formats -----------------------------------------------------------------------------------
