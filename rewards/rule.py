@@ -48,12 +48,21 @@ _FORMAT_KEYS: tuple[tuple[FormatCheck, str], ...] = (
 ACTION_TERMS = ("name", "schema", "ref", "spec", "exec")
 PENALTY_TERMS = ("error", "repeat", "length", "cost", "miss")
 
-# Rough token count without a tokenizer: each CJK character, word or punctuation mark is one.
+# Rough token count without a tokenizer: each word, punctuation mark or CJK character is one.
 _TOKEN_RE = re.compile(r"[\u3040-\u30ff\u3400-\u9fff]|[A-Za-z0-9_]+|[^\sA-Za-z0-9_]")
+_PUNCT = "".join(chr(c) for c in range(33, 127) if not chr(c).isalnum() and chr(c) != "_")
+_DROP_PUNCT = str.maketrans("", "", _PUNCT)
+_PUNCT_TO_SPACE = str.maketrans(_PUNCT, " " * len(_PUNCT))
 
 
 def estimate_tokens(text: str | None) -> int:
-    return len(_TOKEN_RE.findall(text)) if text else 0
+    if not text:
+        return 0
+    if text.isascii():
+        # Same count as the regex for ASCII text, with C-speed string methods: words split on
+        # whitespace and punctuation, plus one per punctuation mark.
+        return len(text.translate(_PUNCT_TO_SPACE).split()) + len(text) - len(text.translate(_DROP_PUNCT))
+    return len(_TOKEN_RE.findall(text))
 
 
 # -- asset-state replay (Eq. 6) ----------------------------------------------------------------
@@ -330,9 +339,11 @@ def _score_rule(traj: Trajectory, cfg: RuleConfig) -> RuleBreakdown:
             for check, key in _FORMAT_KEYS:
                 if check not in failed:
                     format_pass[key] += 1
-        excess = estimate_tokens(turn.reason) - limit
-        if excess > 0:
-            length_amount += excess / limit
+        # Every token has at least one character, so a short reason cannot exceed the limit.
+        if turn.reason and len(turn.reason) > limit:
+            excess = estimate_tokens(turn.reason) - limit
+            if excess > 0:
+                length_amount += excess / limit
         if turn.status == "error":
             n_errors += 1
         for call, executed, is_runner_call in _turn_calls(turn):

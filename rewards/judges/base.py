@@ -16,6 +16,8 @@ import logging
 import math
 import re
 import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -138,12 +140,36 @@ class TrajectoryView:
         return self._hashes[aspect]
 
 
+# Digests of recently hashed images, by object identity. GRPO's n rollouts of a task share the
+# input image objects, and one trajectory's final image is read by two aspects, so each image
+# is hashed once. The weak reference guards against a recycled id().
+_DIGESTS: "OrderedDict[int, tuple[weakref.ref, bytes]]" = OrderedDict()
+_DIGESTS_MAX = 4096
+_DIGESTS_LOCK = threading.Lock()
+
+
+def image_digest(img: Image.Image) -> bytes:
+    key = id(img)
+    with _DIGESTS_LOCK:
+        hit = _DIGESTS.get(key)
+        if hit is not None and hit[0]() is img:
+            return hit[1]
+    d = hashlib.blake2b(f"{img.mode}{img.size}".encode(), digest_size=16)
+    d.update(img.tobytes())
+    digest = d.digest()
+    try:
+        ref = weakref.ref(img)
+    except TypeError:  # not weak-referenceable: do not cache
+        return digest
+    with _DIGESTS_LOCK:
+        _DIGESTS[key] = (ref, digest)
+        while len(_DIGESTS) > _DIGESTS_MAX:
+            _DIGESTS.popitem(last=False)
+    return digest
+
+
 def _hash_image(h: "hashlib._Hash", img: Image.Image | None) -> None:
-    if img is None:
-        h.update(b"<none>")
-        return
-    h.update(f"{img.mode}{img.size}".encode())
-    h.update(img.tobytes())
+    h.update(b"<none>" if img is None else image_digest(img))
 
 
 # -- the interface ----------------------------------------------------------------------------

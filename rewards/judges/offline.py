@@ -11,7 +11,8 @@
     with an RGBA input), and ImageGeneration first when the task has no input image (the
     public system prompt's chain rules);
   - *relevance*: the fraction of calls whose tool is in the expected set.
-  Terms that do not apply (no expected set) drop out of the weighted mean.
+  Terms that do not apply (no expected set, no dependency rule triggered) drop out of the
+  weighted mean; with none left, the score is 1 if any call succeeded, else 0.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def score_process(view: TrajectoryView, weights: Any) -> tuple[float, dict[str, 
         reason = "no_tool_call"
         if expected:
             return 0.0, {"choice": 0.0, "order": 0.0, "relevance": 0.0}, reason
-        return 1.0, {"order": 1.0}, "no_tool_call_and_none_expected"
+        return 1.0, {}, "no_tool_call_and_none_expected"
 
     terms: dict[str, float] = {}
     if expected:
@@ -71,7 +72,11 @@ def score_process(view: TrajectoryView, weights: Any) -> tuple[float, dict[str, 
             satisfied += need in seen_ok
         if c.status == "ok":
             seen_ok.add(c.tool)
-    terms["order"] = satisfied / applicable if applicable else 1.0
+    if applicable:  # a vacuous rule set earns nothing: the term drops out instead of scoring 1
+        terms["order"] = satisfied / applicable
+    if not terms:
+        ok = bool(ok_tools)
+        return float(ok), {}, "no_applicable_terms"
 
     wsum = sum(getattr(weights, k) for k in terms)
     score = sum(getattr(weights, k) * v for k, v in terms.items()) / wsum if wsum > 0 else 0.0
@@ -86,9 +91,10 @@ class OfflineJudge:
         self.cfg = cfg or OfflineJudgeConfig()
         self._toolbox = toolbox
         self._toolbox_failed = False
+        self._fingerprint = f"offline:{asdict(self.cfg)}"
 
     def fingerprint(self) -> str:
-        return f"offline:{asdict(self.cfg)}"
+        return self._fingerprint
 
     @property
     def toolbox(self) -> Any | None:

@@ -222,3 +222,9 @@ def test_generation_first_without_inputs():
 def test_no_call_with_expected_tools_is_zero():
     res = traj_score(run([DONE], expected=["Flip"]))
     assert res.score == 0.0 and res.reason == "no_tool_call"
+
+
+def test_vacuous_terms_drop_out():
+    res = traj_score(run([R("x", "Nope", {"image": "img_1"}), DONE], expected=["Crop"]))
+    assert res.score == 0.0 and "order" not in res.details
+    assert traj_score(run([FLIP, DONE])).score == 1.0  # nothing expected, nothing to violate, one success
