@@ -11,7 +11,8 @@ TRL: `reward_functions(hybrid)` returns one function per component with TRL's si
 `fn(prompts, completions, **kwargs) -> list[float | None]`, named `reward_<component>` so GRPO
 logs each separately. They find each sample's trajectory in the kwargs:
 
-* `trajectories=[Trajectory, ...]` (a dataset column or a custom trainer), or
+* `trajectories=[Trajectory | path, ...]` (a custom trainer, or a dataset column of saved
+  trajectory directories), or
 * `environments=[env, ...]` — TRL passes the `environment_factory` instances; each must expose
   the trajectory as `env.trajectory` or `env.episode.trajectory`.
 
@@ -70,7 +71,27 @@ class HybridReward:
         self._memo_size = memo_size
         self._lock = threading.Lock()
 
+    @classmethod
+    def from_preset(cls, preset: str | Path = "paper", judge: str | None = None, toolbox: Any | None = None, **kw: Any) -> "HybridReward":
+        """A preset by name or path, optionally with another judge kind (offline | http | local)."""
+        cfg = load_reward_config(preset)
+        if judge:
+            cfg.judges.kind = judge
+        return cls(cfg, toolbox=toolbox, **kw)
+
     # -- weights -----------------------------------------------------------------------------
+    @property
+    def weights(self) -> dict[str, float]:
+        """Component -> weight such that Σ weight·component = total. Public-code mode is not a
+        weighted sum of the components, so there the total itself carries weight 1."""
+        if self.cfg.mode == "public_code":
+            return {"total": 1.0}
+        return {c: self.weight(c) for c in COMPONENTS}
+
+    def components(self, traj: Trajectory) -> dict[str, float]:
+        """Alias of `score` (the flat dict holds the components, the total and every sub-term)."""
+        return self.score(traj)
+
     def weight(self, component: str) -> float:
         if self.cfg.mode == "public_code":
             return {"align": self.cfg.weights.align, "aes": self.cfg.weights.aes, "traj": self.cfg.weights.traj}.get(component, 0.0)
@@ -232,7 +253,16 @@ def trajectories_from_kwargs(n: int, kwargs: dict[str, Any]) -> list[Trajectory 
             trajs.append(t)
     trajs = list(trajs)[:n]
     trajs += [None] * (n - len(trajs))
-    return [t if isinstance(t, Trajectory) else None for t in trajs]
+    out: list[Trajectory | None] = []
+    for t in trajs:
+        if isinstance(t, (str, Path)) and t:  # a dataset column of saved trajectory paths
+            try:
+                t = Trajectory.load(t)
+            except (OSError, ValueError, KeyError) as e:
+                log.warning("cannot load trajectory %s: %s", t, e)
+                t = None
+        out.append(t if isinstance(t, Trajectory) else None)
+    return out
 
 
 def reward_functions(hybrid: HybridReward, components: Iterable[str] = ("total", *COMPONENTS)) -> list[Callable[..., list[float | None]]]:

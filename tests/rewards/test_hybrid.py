@@ -169,3 +169,15 @@ def test_unreachable_or_non_numeric_judge_gives_fallback_total(trajs, reply, cap
         assert any("fell back" in r.getMessage() for r in caplog.records)
     assert flat["fallbacks"] == 3 and flat["align"] == flat["aes"] == flat["traj"] == A(0.3)
     assert flat["total"] == A(0.3 * 0.3 + 0.1 * 0.3 + 0.2 * 0.3 + 0.4 * flat["rule"])
+
+
+def test_compat_api_for_trainers(trajs, tmp_path):
+    h = HybridReward.from_preset("no-outcome", judge="offline")
+    assert h.weights == {"align": 0.0, "aes": 0.0, "traj": 0.2, "rule": 0.4}
+    comps = h.components(trajs[0])
+    assert sum(w * comps[k] for k, w in h.weights.items()) == A(comps["total"])
+    pc = HybridReward.from_preset("public-code")
+    assert pc.weights == {"total": 1.0}
+    trajs[0].save(tmp_path / "t0")
+    fn = reward_functions(h, ["total"])[0]
+    assert fn(prompts=[None, None], completions=["", ""], trajectories=[str(tmp_path / "t0"), str(tmp_path / "nope")])[1] is None
