@@ -21,8 +21,13 @@ import numpy as np
 from .render import N_PARAMS, R_MAX_FRAC, R_MIN_PX
 
 
-def _disc_union_alpha(p: np.ndarray, h: int, w: int, scale: int, ts: np.ndarray) -> np.ndarray:
-    """Hard-coverage alpha at ``scale``x resolution using discs at parameters ``ts``."""
+def _disc_union_alpha(p: np.ndarray, h: int, w: int, scale: int, ts: np.ndarray,
+                      windowed: bool = False) -> np.ndarray:
+    """Hard-coverage alpha at ``scale``x resolution using discs at parameters ``ts``.
+
+    ``windowed`` restricts each disc's work to its own bounding box (same
+    result, used for the dense ground truth where full-canvas work is too slow).
+    """
     hh, ww = h * scale, w * scale
     u = 1 - ts
     bx = (u * u * p[0] + 2 * ts * u * p[2] + ts * ts * p[4]) * w
@@ -36,6 +41,17 @@ def _disc_union_alpha(p: np.ndarray, h: int, w: int, scale: int, ts: np.ndarray)
     best = np.full((hh, ww), -np.inf, dtype=np.float64)
     alpha = np.zeros((hh, ww), dtype=np.float64)
     for cx, cy, r, a in zip(bx, by, rr, aa):
+        if windowed:
+            y0, y1 = max(0, int((cy - r) * scale) - 1), min(hh, int((cy + r) * scale) + 2)
+            x0, x1 = max(0, int((cx - r) * scale) - 1), min(ww, int((cx + r) * scale) + 2)
+            if y1 <= y0 or x1 <= x0:
+                continue
+            depth = r - np.sqrt((xs[:, x0:x1] - cx) ** 2 + (ys[y0:y1] - cy) ** 2)
+            win_b = best[y0:y1, x0:x1]
+            better = depth > win_b
+            win_b[better] = depth[better]
+            alpha[y0:y1, x0:x1][better] = a
+            continue
         depth = r - np.sqrt((xs - cx) ** 2 + (ys - cy) ** 2)
         better = depth > best
         best = np.where(better, depth, best)
@@ -58,7 +74,7 @@ def supersampled_alpha(params: Sequence[float], h: int, w: int | None = None, ss
     w = w or h
     p = np.asarray(params, dtype=np.float64)
     ts = np.linspace(0.0, 1.0, n_t)
-    return _disc_union_alpha(p, h, w, ss, ts).astype(np.float32)
+    return _disc_union_alpha(p, h, w, ss, ts, windowed=True).astype(np.float32)
 
 
 def composite_np(canvas: np.ndarray, alpha: np.ndarray, color: Sequence[float]) -> np.ndarray:

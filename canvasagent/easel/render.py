@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -150,23 +150,26 @@ def _geometry(p: torch.Tensor, h: int, w: int):
     return (x0, y0, x1, y1, x2, y2, r0, r1, c(7), c(9))
 
 
-def _g_terms(t, px, py, geo):
-    """g(t), g'(t), g''(t) for every pixel (analytic derivatives)."""
+class _Poly(NamedTuple):
+    """Power-form coefficients of B(t) - x and r(t), precomputed once per render.
+
+    ``B(t) - x = (X0 + t (AX + t BX), Y0 + t (AY + t BY))`` with X0 (B,1,W),
+    Y0 (B,H,1) and the rest (B,1,1), so each g evaluation is ~15 full-size ops.
+    """
+
+    X0: torch.Tensor
+    AX: torch.Tensor
+    BX: torch.Tensor
+    Y0: torch.Tensor
+    AY: torch.Tensor
+    BY: torch.Tensor
+    R0: torch.Tensor
+    DR: torch.Tensor
+
+
+def _poly(geo, px, py) -> _Poly:
     x0, y0, x1, y1, x2, y2, r0, r1, _, _ = geo
-    u = 1.0 - t
-    bx = u * u * x0 + 2 * t * u * x1 + t * t * x2
-    by = u * u * y0 + 2 * t * u * y1 + t * t * y2
-    dbx = 2 * (u * (x1 - x0) + t * (x2 - x1))
-    dby = 2 * (u * (y1 - y0) + t * (y2 - y1))
-    ddbx = 2 * (x2 - 2 * x1 + x0)
-    ddby = 2 * (y2 - 2 * y1 + y0)
-    dx, dy = bx - px, by - py
-    d = torch.sqrt(dx * dx + dy * dy + 1e-12)
-    dot = dx * dbx + dy * dby
-    g = r0 + (r1 - r0) * t - d
-    g1 = (r1 - r0) - dot / d
-    g2 = -(dbx * dbx + dby * dby + dx * ddbx + dy * ddby) / d + dot * dot / (d * d * d)
-    return g, g1, g2
+    return _Poly(x0 - px, 2 * (x1 - x0), x0 - 2 * x1 + x2, y0 - py, 2 * (y1 - y0), y0 - 2 * y1 + y2, r0, r1 - r0)
 
 
 def _step_mask(x: torch.Tensor) -> torch.Tensor:
@@ -179,13 +182,13 @@ def _step_mask(x: torch.Tensor) -> torch.Tensor:
     return (x * 1e30).clamp_(0.0, 1.0)
 
 
-def _find_tstar(px, py, geo, k: int, golden_steps: int = GOLDEN_STEPS) -> torch.Tensor:
+def _find_tstar(pc: _Poly, k: int, golden_steps: int = GOLDEN_STEPS) -> torch.Tensor:
     """argmax_t g(t) per pixel: coarse samples then golden-section refinement."""
-    best_g = _g_value(0.0, px, py, geo)
+    best_g = _g_value(0.0, pc)
     best_t = torch.zeros_like(best_g)
     for i in range(1, k):
         ti = i / (k - 1)
-        g = _g_value(ti, px, py, geo)
+        g = _g_value(ti, pc)
         best_t = best_t + _step_mask(g - best_g) * (ti - best_t)
         best_g = torch.maximum(best_g, g)
     step = 1.0 / (k - 1)
@@ -198,15 +201,15 @@ def _find_tstar(px, py, geo, k: int, golden_steps: int = GOLDEN_STEPS) -> torch.
     a, b = lo, hi
     c = b - phi * (b - a)
     d = a + phi * (b - a)
-    gc = _g_value(c, px, py, geo)
-    gd = _g_value(d, px, py, geo)
+    gc = _g_value(c, pc)
+    gd = _g_value(d, pc)
     for _ in range(golden_steps):
         left = _step_mask(gc - gd)  # 1: maximum lies in [a, d]
         a = torch.lerp(c, a, left)
         b = torch.lerp(b, d, left)
         nc = torch.lerp(d, b - phi * (b - a), left)
         nd = torch.lerp(a + phi * (b - a), c, left)
-        gnew = _g_value(torch.lerp(nd, nc, left), px, py, geo)
+        gnew = _g_value(torch.lerp(nd, nc, left), pc)
         gc, gd = torch.lerp(gd, gnew, left), torch.lerp(gnew, gc, left)
         c, d = nc, nd
     left = _step_mask(gc - gd)
@@ -215,12 +218,11 @@ def _find_tstar(px, py, geo, k: int, golden_steps: int = GOLDEN_STEPS) -> torch.
     return torch.lerp(best_t, t_gs, _step_mask(torch.maximum(gc, gd) - best_g + 1e-7))
 
 
-def _g_value(t, px, py, geo):
-    """g(t) = r(t) - |x - B(t)|; Bezier in power form (fewer full-size ops)."""
-    x0, y0, x1, y1, x2, y2, r0, r1, _, _ = geo
-    bx = (x0 - px) + t * (2 * (x1 - x0) + t * (x0 - 2 * x1 + x2))
-    by = (y0 - py) + t * (2 * (y1 - y0) + t * (y0 - 2 * y1 + y2))
-    return r0 + (r1 - r0) * t - torch.sqrt(bx * bx + by * by)
+def _g_value(t, pc: _Poly) -> torch.Tensor:
+    """g(t) = r(t) - |x - B(t)| for every pixel."""
+    bx = pc.X0 + t * (pc.AX + t * pc.BX)
+    by = pc.Y0 + t * (pc.AY + t * pc.BY)
+    return pc.R0 + pc.DR * t - torch.sqrt(bx * bx + by * by)
 
 
 def stroke_alpha(params: torch.Tensor, h: int, w: int, *, x_off: int = 0, y_off: int = 0,
@@ -242,8 +244,8 @@ def stroke_alpha(params: torch.Tensor, h: int, w: int, *, x_off: int = 0, y_off:
     geo = _geometry(params, h, w)
     with torch.no_grad():
         geo_ng = tuple(g.detach() for g in geo)
-        tstar = _find_tstar(px, py, geo_ng, k, golden_steps)
-    g = _g_value(tstar, px, py, geo)
+        tstar = _find_tstar(_poly(geo_ng, px, py), k, golden_steps)
+    g = _g_value(tstar, _poly(geo, px, py))
     a0, a1 = geo[8], geo[9]
     opacity = a0 + (a1 - a0) * tstar
     return opacity * (g + 0.5).clamp(0.0, 1.0)
@@ -267,6 +269,18 @@ def render_batch_onto(canvas: torch.Tensor, params: torch.Tensor) -> torch.Tenso
     This is the batched-proposal path used by greedy search.
     """
     _, h, w = canvas.shape
+    if h * w > _CHUNK_ELEMS // 4 and not params.requires_grad:
+        # Large canvases: a chunk holds few strokes anyway, so render each in
+        # its own bounding box (most strokes cover a fraction of the canvas).
+        out = canvas.unsqueeze(0).repeat(params.shape[0], 1, 1, 1)
+        pn = params.detach().cpu().numpy()
+        for i in range(params.shape[0]):
+            x0, y0, x1, y1 = _bbox(pn[i], h, w)
+            if x1 <= x0 or y1 <= y0:
+                continue
+            a = stroke_alpha(params[i:i + 1], h, w, x_off=x0, y_off=y0, crop_h=y1 - y0, crop_w=x1 - x0)
+            out[i, :, y0:y1, x0:x1] = composite(canvas[:, y0:y1, x0:x1], a[0], params[i, 10:13])
+        return out
     outs = []
     for s, e in _chunks(params.shape[0], h * w):
         a = stroke_alpha(params[s:e], h, w)

@@ -1,0 +1,60 @@
+"""EASEL painter benchmark: category table, trajectory diagnostics and wall time.
+
+Runs the stroke painter on the reconstruction suite (n images per category)
+in each budget mode (budget-aligned = the category budget, and 250 strokes by
+default), and the blank / mean-fill / dominant-fill anchors on the same
+references, then prints one Table-3 style table and the wall time of each run.
+
+    python benchmarks/easel_painter.py --n-per-category 4 --workers 16 --out /tmp/easel_painter
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import replace
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from canvasagent.easel import bench, tasks  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n-per-category", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--budgets", default="aligned,250")
+    ap.add_argument("--categories", default=",".join(tasks.CATEGORIES))
+    ap.add_argument("--config", default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    cfg = bench.load_config(args.config)
+    cfg = replace(cfg, n_per_category=args.n_per_category, workers=args.workers,
+                  categories=tuple(args.categories.split(",")),
+                  budgets=tuple(b if b == "aligned" else int(b) for b in args.budgets.split(",")))
+    suite = tasks.reconstruction_suite(cfg.n_per_category, cfg.seed, cfg.categories, cfg.natural_dir)
+    print(f"{len(suite)} references, workers={cfg.workers}, budgets={cfg.budgets}")
+    results, walls = [], {}
+    for policy in ("blank", "mean-fill", "dominant-fill", "painter"):
+        t0 = time.perf_counter()
+        out = None if args.out is None else os.path.join(args.out, policy)
+        results += bench.run(policy, cfg, out, suite=suite)
+        walls[policy] = time.perf_counter() - t0
+    print(bench.format_table(results))
+    for k, v in walls.items():
+        print(f"wall time {k}: {v:.1f}s")
+    pr = [r for r in results if r.policy == "painter"]
+    if pr:
+        for mode in sorted({r.mode for r in pr}):
+            secs = [r.seconds for r in pr if r.mode == mode]
+            print(f"painter {mode}: {sum(secs) / len(secs):.1f}s per image (one core each)")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "table.md"), "w") as f:
+            f.write(bench.format_table(results))
+            for k, v in walls.items():
+                f.write(f"\nwall time {k}: {v:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
