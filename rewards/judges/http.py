@@ -55,15 +55,15 @@ class HttpJudge:
 
     def _messages(self, aspect: str, view: TrajectoryView) -> list[dict[str, Any]]:
         content: list[dict[str, Any]] = []
-        for kind, value in prompts.user_content(aspect, view):
+        for kind, value in prompts.user_content(aspect, view, int(prompts.SCALE)):
             if kind == "text":
                 content.append({"type": "text", "text": value})
             else:
                 content.append({"type": "image_url", "image_url": {"url": image_data_url(value, self.cfg.max_image_side)}})
-        return [{"role": "system", "content": prompts.SYSTEM[aspect]}, {"role": "user", "content": content}]
+        return [{"role": "system", "content": prompts.system_prompt(aspect, int(prompts.SCALE))}, {"role": "user", "content": content}]
 
     def judge(self, aspect: str, view: TrajectoryView) -> JudgeResult:
-        if aspect not in prompts.SYSTEM:
+        if aspect not in prompts.ASPECTS_WITH_PROMPTS:
             return JudgeResult.failed(self.fallback_score, f"unknown aspect {aspect!r}", self.name)
         if aspect == "aesthetic" and view.final is None:
             return JudgeResult(score=0.0, reason="no_final_image", judge=self.name)

@@ -4,9 +4,9 @@ The model and processor come from the shared loaders (`canvasagent.models.load_p
 `load_processor`), so any checkpoint the policy code can load — the tiny offline Qwen3-VL, a
 released Qwen3-VL, a fine-tuned judge — works here. Two scoring modes:
 
-* `logits` (default): the prompt ends with `{"score": ` and we read the next-token
-  distribution over the digit tokens 0-9; the score is its expectation / 9. It always yields a
-  number, costs one forward pass, and is smooth (useful as a reward).
+* `logits` (default): the prompt asks for a 0-9 score and ends with `{"score": `; we read the
+  next-token distribution over the digit tokens 0-9 and the score is its expectation / 9. It
+  always yields a number, costs one forward pass, and is smooth (useful as a reward).
 * `generate`: greedy-decode a reply and parse it like the HTTP judge's; an unusable reply is a
   counted fallback.
 """
@@ -68,10 +68,18 @@ class LocalVLMJudge:
             return False
         return True
 
+    @property
+    def _logits_mode(self) -> bool:
+        return self.cfg.mode == "logits" and self._digit_ids is not None
+
+    @property
+    def _scale(self) -> int:
+        return 9 if self._logits_mode else int(prompts.SCALE)  # one digit token per answer
+
     def _inputs(self, aspect: str, view: TrajectoryView):
         content: list[dict[str, Any]] = []
         images = []
-        for kind, value in prompts.user_content(aspect, view):
+        for kind, value in prompts.user_content(aspect, view, self._scale):
             if kind == "text":
                 content.append({"type": "text", "text": value})
             else:
@@ -79,17 +87,17 @@ class LocalVLMJudge:
                 images.append(img)
                 content.append({"type": "image", "image": img})
         messages = [
-            {"role": "system", "content": [{"type": "text", "text": prompts.SYSTEM[aspect]}]},
+            {"role": "system", "content": [{"type": "text", "text": prompts.system_prompt(aspect, self._scale)}]},
             {"role": "user", "content": content},
         ]
         text = self._processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        if self.cfg.mode == "logits" and self._digit_ids is not None:
+        if self._logits_mode:
             text += _ANSWER_PREFIX
         batch = self._processor(text=[text], images=images or None, return_tensors="pt")
         return batch.to(self.cfg.device)
 
     def judge(self, aspect: str, view: TrajectoryView) -> JudgeResult:
-        if aspect not in prompts.SYSTEM:
+        if aspect not in prompts.ASPECTS_WITH_PROMPTS:
             return JudgeResult.failed(self.fallback_score, f"unknown aspect {aspect!r}", self.name)
         if aspect == "aesthetic" and view.final is None:
             return JudgeResult(score=0.0, reason="no_final_image", judge=self.name)
@@ -100,7 +108,7 @@ class LocalVLMJudge:
         try:
             with self._lock, torch.inference_mode():
                 batch = self._inputs(aspect, view)
-                if self.cfg.mode == "logits" and self._digit_ids is not None:
+                if self._logits_mode:
                     logits = self._model(**batch).logits[0, -1].float()
                     probs = torch.softmax(logits[self._digit_ids], dim=-1)
                     expected = float((probs * torch.arange(10, dtype=probs.dtype)).sum()) / 9.0

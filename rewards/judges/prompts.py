@@ -1,7 +1,7 @@
 """Our judge prompts, shared by the HTTP and local VLM judges.
 
-Each prompt asks for one JSON object `{"score": <integer 0-10>, "reason": "<one sentence>"}`;
-`rewards.judges.base.parse_score` reads it and divides by 10. The rubrics follow the paper's
+Each prompt asks for one JSON object `{"score": <integer 0-N>, "reason": "<one sentence>"}`
+(N = 10 by default); `rewards.judges.base.parse_score` reads it and divides by N. The rubrics follow the paper's
 descriptions of R_align, R_aes and R_traj (section 3.3) and are deliberately short: the judge
 sees the evidence, not a wall of rules.
 """
@@ -15,41 +15,52 @@ from PIL import Image
 
 from rewards.judges.base import TrajectoryView
 
-PROMPT_VERSION = "v1"
+PROMPT_VERSION = "v2"
 SCALE = 10.0
 
-_OUTPUT = (
-    'Answer with one JSON object and nothing else: {"score": <integer 0-10>, "reason": "<one sentence>"}.'
-)
-
-SYSTEM = {
-    "alignment": (
-        "You grade image-editing and image-generation results. Judge ONLY whether the final image "
-        "satisfies the user's instruction: requested objects, attributes, actions, spatial relations, "
-        "colours, text, quantities, and the edited regions (untouched regions should be preserved). "
-        "Ignore how pretty the image is. 10 = every requirement met; 7 = main requirements met with minor "
-        "misses; 4 = partly done, important requirements missing or wrong; 1 = barely related; 0 = no image "
-        "or unrelated. If unsure between two scores, choose the lower. " + _OUTPUT
-    ),
-    "aesthetic": (
-        "You grade the visual quality of one image, independent of any instruction: composition, colour, "
-        "lighting, clarity, texture naturalness, style consistency; penalise artefacts, blur, seams, "
-        "pasted-looking objects and broken text. 10 = polished, no visible flaw; 7 = appealing with minor "
-        "flaws; 4 = clearly noticeable defects; 1 = severely degraded; 0 = broken or empty. " + _OUTPUT
-    ),
-    "trajectory": (
-        "You grade the process of a visual tool-use agent, not its final image. Judge whether it decomposes "
-        "the task sensibly, selects appropriate tools (compare with the expected tool set), respects tool "
-        "dependencies (Grounding -> SAM -> Extract; ImageGeneration first when there is no input image; "
-        "object overlays use an extracted cut-out), uses valid image IDs, reacts to tool errors, and avoids "
-        "irrelevant, repeated or unnecessary calls. 10 = complete, valid and efficient; 7 = reasonable with "
-        "small gaps; 4 = key steps missing or clear defects; 1 = mostly incoherent; 0 = no meaningful "
-        "process. " + _OUTPUT
-    ),
-}
+def output_instruction(scale: int = 10) -> str:
+    return f'Answer with one JSON object and nothing else: {{"score": <integer 0-{scale}>, "reason": "<one sentence>"}}.'
 
 
-def user_content(aspect: str, view: TrajectoryView) -> list[tuple[str, Any]]:
+def system_prompt(aspect: str, scale: int = 10) -> str:
+    """The system prompt of `aspect`, with rubric anchors on a 0-`scale` integer scale.
+
+    The HTTP judge uses 0-10. The local judge's logits mode reads a single digit token, so it
+    asks for 0-9 (a "10" would start with the token "1").
+    """
+    top, good, part, poor = scale, round(0.7 * scale), round(0.4 * scale), max(1, round(0.1 * scale))
+    rubric = {
+        "alignment": (
+            "You grade image-editing and image-generation results. Judge ONLY whether the final image "
+            "satisfies the user's instruction: requested objects, attributes, actions, spatial relations, "
+            "colours, text, quantities, and the edited regions (untouched regions should be preserved). "
+            f"Ignore how pretty the image is. {top} = every requirement met; {good} = main requirements met with "
+            f"minor misses; {part} = partly done, important requirements missing or wrong; {poor} = barely related; "
+            "0 = no image or unrelated. If unsure between two scores, choose the lower. "
+        ),
+        "aesthetic": (
+            "You grade the visual quality of one image, independent of any instruction: composition, colour, "
+            "lighting, clarity, texture naturalness, style consistency; penalise artefacts, blur, seams, "
+            f"pasted-looking objects and broken text. {top} = polished, no visible flaw; {good} = appealing with "
+            f"minor flaws; {part} = clearly noticeable defects; {poor} = severely degraded; 0 = broken or empty. "
+        ),
+        "trajectory": (
+            "You grade the process of a visual tool-use agent, not its final image. Judge whether it decomposes "
+            "the task sensibly, selects appropriate tools (compare with the expected tool set), respects tool "
+            "dependencies (Grounding -> SAM -> Extract; ImageGeneration first when there is no input image; "
+            "object overlays use an extracted cut-out), uses valid image IDs, reacts to tool errors, and avoids "
+            f"irrelevant, repeated or unnecessary calls. {top} = complete, valid and efficient; {good} = reasonable "
+            f"with small gaps; {part} = key steps missing or clear defects; {poor} = mostly incoherent; 0 = no "
+            "meaningful process. "
+        ),
+    }[aspect]
+    return rubric + output_instruction(scale)
+
+
+ASPECTS_WITH_PROMPTS = ("alignment", "aesthetic", "trajectory")
+
+
+def user_content(aspect: str, view: TrajectoryView, scale: int = 10) -> list[tuple[str, Any]]:
     """The user turn as ("text", str) / ("image", PIL) parts; each judge renders them its way."""
     parts: list[tuple[str, Any]] = []
     if aspect == "alignment":
@@ -76,7 +87,7 @@ def user_content(aspect: str, view: TrajectoryView) -> list[tuple[str, Any]]:
         parts.append(("text", f"Parsed tool calls ({len(calls)}):\n{json.dumps(calls, ensure_ascii=False, default=str)[:4000]}"))
         parts.append(("text", f"Episode ended by: {view.trajectory.stop_reason}"))
         parts.append(("text", f"Transcript:\n{view.transcript(6000)}"))
-    parts.append(("text", _OUTPUT))
+    parts.append(("text", output_instruction(scale)))
     return parts
 
 
