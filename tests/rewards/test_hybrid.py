@@ -181,3 +181,11 @@ def test_compat_api_for_trainers(trajs, tmp_path):
     trajs[0].save(tmp_path / "t0")
     fn = reward_functions(h, ["total"])[0]
     assert fn(prompts=[None, None], completions=["", ""], trajectories=[str(tmp_path / "t0"), str(tmp_path / "nope")])[1] is None
+
+
+def test_training_can_skip_unweighted_judges(trajs):
+    h = HybridReward("no-process", judge_unweighted=False)
+    flat = h.score(trajs[0])
+    assert flat["traj/skipped"] == 1.0 and flat["traj"] == 0.0
+    assert flat["total"] == A(0.3 * flat["align"] + 0.1 * flat["aes"])
+    assert h.stats()["judge/trajectory/calls"] == 0
