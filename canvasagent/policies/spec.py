@@ -2,7 +2,8 @@
 
     replay:PATH            recorded replies (a trajectory dir/JSON, a dir of per-task trajectory dirs,
                            a JSON list of replies, or JSONL/ShareGPT records keyed by task id)
-    hf:PATH_OR_ID          a local Hugging Face checkpoint (transformers generate)
+    hf:PATH_OR_ID          a local Hugging Face checkpoint (transformers generate); `layout=train`
+                           (with `tools=Crop,Flip`) renders the prompt as `canvasagent.train` did
     openai:MODEL@BASE_URL  an OpenAI-compatible chat endpoint
     human                  a person typing at the terminal
     scripted:NAME          a named scripted policy (see canvasagent.policies.scripted)
@@ -200,8 +201,15 @@ class PolicyFactory:
         elif s.kind == "hf":
             from canvasagent.policies.hf_local import HFGenerationConfig, HFLocalPolicy
 
-            cfg = HFGenerationConfig(**_checked_options(HFGenerationConfig, s.options, s))
+            opts = dict(s.options)
+            layout = str(opts.pop("layout", "episode"))
+            tools = str(opts.pop("tools", ""))
+            cfg = HFGenerationConfig(**_checked_options(HFGenerationConfig, opts, s))
             self._shared = HFLocalPolicy(s.target, cfg)
+            if layout == "train":
+                self._shared = _training_layout(self._shared, [t for t in tools.split(",") if t])
+            elif layout != "episode":
+                raise PolicySpecError(f"{s}: layout must be 'episode' or 'train', got {layout!r}")
         elif s.kind == "openai":
             from canvasagent.policies.openai_compat import OpenAICompatConfig, OpenAICompatPolicy
 
@@ -227,6 +235,18 @@ class PolicyFactory:
         close = getattr(self._shared, "close", None)
         if callable(close):
             close()
+
+
+def _training_layout(policy: Any, tools: list[str]) -> Any:
+    """Show a checkpoint trained by `canvasagent.train` exactly the prompt layout it was trained on
+    (system text with the chat template's tool block for `tools`), via the training package."""
+    from canvasagent.training.env import tool_functions
+    from canvasagent.training.evaluate import LayoutPolicy
+    from canvasagent.training.messages import system_text
+
+    wrapped = LayoutPolicy(policy, system_text(policy.processor, tool_functions(tools or None), "canvasagent"))
+    wrapped.name = policy.name
+    return wrapped
 
 
 def build_policy(spec: str | PolicySpec, task: Task | None = None) -> Any:

@@ -1,0 +1,37 @@
+"""`canvasagent ablate --grid configs/ablation/paper.yaml --out DIR`: train + evaluate the paper's grid."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ablate", help="train and evaluate an ablation grid (paper Table 5); reruns skip finished cells")
+    p.add_argument("--grid", required=True, help="configs/ablation/<name>.yaml or a path (paper, tiny_cpu)")
+    p.add_argument("--out", required=True, help="output dir (runs, evaluations, table.md, curves.png)")
+    p.add_argument("--dry-run", action="store_true", help="print the stages and validate the grid; train nothing")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from canvasagent.evaluation.ablation import AblationConfig, AblationRunner
+
+    try:
+        cfg = AblationConfig.load(args.grid)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    runner = AblationRunner(cfg, args.out)
+    if args.dry_run:
+        print("\n".join(runner.plan()))
+        problems = runner.problems()
+        for msg in problems:
+            print(f"problem: {msg}", file=sys.stderr)
+        return 1 if problems else 0
+    out = runner.run()
+    print(out["markdown"])
+    if out["failures"]:
+        print(f"{len(out['failures'])} cell(s) failed; rerun the same command to retry them", file=sys.stderr)
+        return 1
+    return 0

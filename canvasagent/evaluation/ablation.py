@@ -1,0 +1,339 @@
+"""Train and evaluate the paper's ablation grid (Table 5) from one YAML file.
+
+    canvasagent ablate --grid configs/ablation/paper.yaml --out runs/ablation
+
+Cells: SFT only, RL only, SFT+RL, SFT+RL without the outcome reward, SFT+RL without the process
+reward. Training goes through the training CLI (`python -m canvasagent.train sft|grpo`, one
+subprocess per run, so each run has a clean process and its own log); the reward ablations are
+GRPO runs whose `grpo.reward_preset` names a preset in configs/reward/. The SFT run is shared by
+every cell that starts from it. Each trained policy is evaluated with `canvasagent eval`'s runner
+on the same split, and the grid is written as one Table-5-shaped table plus training curves.
+
+Layout under `--out` (a rerun skips every finished stage and resumes unfinished training):
+
+    sft/                      the shared SFT run (train.log, metrics.jsonl, final/)
+    cells/<cell>/grpo/        the cell's GRPO run
+    cells/<cell>/eval/        trajectories + report of the cell's evaluation
+    cells/<cell>/done.json    the cell's metrics (written last)
+    table.md, table.json, curves.png
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from canvasagent.config import find_config, from_dict, load_yaml
+from canvasagent.evaluation.api import evaluate_policy
+from canvasagent.evaluation.report import metrics_table
+from canvasagent.evaluation.runner import EvalConfig
+
+log = logging.getLogger(__name__)
+
+
+class AblationError(RuntimeError):
+    pass
+
+
+@dataclass
+class CellSpec:
+    name: str
+    sft: bool = True  # start from the shared SFT checkpoint (else from the base model)
+    grpo: bool = True  # run GRPO (else evaluate the SFT checkpoint itself)
+    reward_preset: str = "paper"  # configs/reward/<preset>.yaml for GRPO
+    grpo_overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainSection:
+    sft_config: str = "sft_tiny_cpu"
+    grpo_config: str = "grpo_tiny_cpu"
+    sft_overrides: dict[str, Any] = field(default_factory=dict)  # `--set` KEY=VALUE for the SFT run
+    grpo_overrides: dict[str, Any] = field(default_factory=dict)  # for every GRPO run
+    launcher: list[str] = field(default_factory=list)  # e.g. [accelerate, launch, --config_file, X]; empty: this Python
+
+
+@dataclass
+class EvalSection:
+    # A split path (anything `canvasagent eval --tasks` reads), or {scripted: {n, seed, max_steps, image_size}}
+    # for held-out templated tasks from the training package (a seed training never uses).
+    tasks: Any = field(default_factory=lambda: {"scripted": {"n": 12, "seed": 9999, "max_steps": 2, "image_size": 64}})
+    judge: str = "offline"
+    preset: str = "paper"  # the reward that *scores* every cell (fixed across cells, whatever they trained on)
+    max_turns: int = 4
+    workers: int = 1
+    limit: int | None = None
+    policy_options: dict[str, Any] = field(default_factory=lambda: {"max_new_tokens": 96, "layout": "train"})
+
+
+@dataclass
+class AblationConfig:
+    name: str = "ablation"
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    cells: list[CellSpec] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> "AblationConfig":
+        data = load_yaml(find_config(name_or_path, "ablation"))
+        cells = [from_dict(CellSpec, c) for c in data.pop("cells", [])]
+        cfg = from_dict(cls, data)
+        cfg.cells = cells
+        if not cells:
+            raise ValueError(f"{name_or_path}: the grid has no cells")
+        names = [slug(c.name) for c in cells]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{name_or_path}: cell names must be unique")
+        return cfg
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "cell"
+
+
+def _set_args(overrides: dict[str, Any]) -> list[str]:
+    out = []
+    for k, v in overrides.items():
+        out += ["--set", f"{k}={'null' if v is None else json.dumps(v) if not isinstance(v, str) else v}"]
+    return out
+
+
+# A trainer: (kind, config, output_dir, overrides, log_path) -> final checkpoint dir.
+Trainer = Callable[[str, str, Path, dict[str, Any], Path], Path]
+
+
+def cli_trainer(launcher: list[str] | None = None) -> Trainer:
+    """Run `python -m canvasagent.train KIND` as a subprocess; resume when a checkpoint exists."""
+
+    def train(kind: str, config: str, out: Path, overrides: dict[str, Any], log_path: Path) -> Path:
+        cmd = list(launcher or [sys.executable]) + ["-m", "canvasagent.train", kind, "--config", config, "--output-dir", str(out)]
+        cmd += _set_args(overrides)
+        if any(out.glob("checkpoint-*")):
+            cmd.append("--resume")  # an interrupted run continues from its last save
+        out.mkdir(parents=True, exist_ok=True)
+        log.info("training %s: %s", kind, " ".join(cmd))
+        with open(log_path, "a") as fh:
+            fh.write(f"\n$ {' '.join(cmd)}\n")
+            fh.flush()
+            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
+            raise AblationError(f"{kind} training failed (exit {proc.returncode}); see {log_path}:\n{tail}")
+        final = out / "final"
+        if not final.exists():
+            raise AblationError(f"{kind} training finished without {final}; see {log_path}")
+        return final
+
+    return train
+
+
+def _done(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except ValueError:
+        return None
+
+
+def _mark(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=float))
+    tmp.replace(path)
+
+
+@dataclass
+class CellResult:
+    name: str
+    metrics: dict[str, float]
+    success_rate: float
+    valid_reply_rate: float
+    checkpoint: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class AblationRunner:
+    def __init__(self, config: AblationConfig, out_dir: str | Path, trainer: Trainer | None = None, evaluator: Callable | None = None):
+        self.cfg = config
+        self.out = Path(out_dir).resolve()
+        self.trainer = trainer or cli_trainer(config.train.launcher)
+        self.evaluator = evaluator or evaluate_policy
+
+    # -- stages ------------------------------------------------------------------------------
+    def plan(self) -> list[str]:
+        """Human-readable stages, in order (for --dry-run)."""
+        t = self.cfg.train
+        steps = []
+        if any(c.sft for c in self.cfg.cells):
+            steps.append(f"train sft  --config {t.sft_config} -> {self.out / 'sft'}")
+        for c in self.cfg.cells:
+            d = self.out / "cells" / slug(c.name)
+            if c.grpo:
+                start = "sft/final" if c.sft else "base model"
+                steps.append(f"train grpo --config {t.grpo_config} (reward {c.reward_preset}, from {start}) -> {d / 'grpo'}")
+            steps.append(f"eval {c.name} -> {d / 'eval'}")
+        return steps
+
+    def problems(self) -> list[str]:
+        """What would make the grid fail before it trains anything (checked by --dry-run)."""
+        from canvasagent.training.config import TrainConfig
+        from rewards.config import load_reward_config
+
+        out = []
+        t = self.cfg.train
+        for kind, name in (("sft", t.sft_config), ("grpo", t.grpo_config)):
+            if kind == "sft" and not any(c.sft for c in self.cfg.cells):
+                continue
+            try:
+                TrainConfig.load(name)
+            except Exception as e:
+                out.append(f"train config {name!r}: {e}")
+        for preset in sorted({c.reward_preset for c in self.cfg.cells if c.grpo} | {self.cfg.eval.preset}):
+            try:
+                load_reward_config(preset)
+            except Exception as e:
+                out.append(f"reward preset {preset!r}: {e}")
+        if isinstance(self.cfg.eval.tasks, str) and not Path(self.cfg.eval.tasks).exists():
+            out.append(f"eval split {self.cfg.eval.tasks} does not exist yet (build it with python -m canvascraft build-rl)")
+        return out
+
+    def eval_tasks(self) -> str:
+        tasks = self.cfg.eval.tasks
+        if isinstance(tasks, str):
+            return tasks
+        if isinstance(tasks, dict) and "scripted" in tasks:
+            path = self.out / "eval_tasks"
+            if not (path / "tasks.jsonl").exists():
+                from canvasagent.evaluation.tasks_io import write_tasks
+                from canvasagent.training.scripted import make_tasks
+
+                s = dict(tasks["scripted"])
+                pairs = make_tasks(int(s.get("n", 12)), int(s.get("seed", 9999)), int(s.get("max_steps", 2)), int(s.get("image_size", 64)))
+                write_tasks([t for t, _ in pairs], path)
+            return str(path)
+        raise AblationError(f"eval.tasks must be a path or {{scripted: {{...}}}}, got {tasks!r}")
+
+    def _sft(self) -> Path:
+        d = self.out / "sft"
+        done = _done(d / "done.json")
+        if done:
+            return Path(done["final"])
+        t0 = time.perf_counter()
+        final = self.trainer("sft", self.cfg.train.sft_config, d, dict(self.cfg.train.sft_overrides), d / "train.log")
+        _mark(d / "done.json", {"final": str(final), "seconds": time.perf_counter() - t0})
+        return final
+
+    def _grpo(self, cell: CellSpec, init: Path | None) -> Path:
+        d = self.out / "cells" / slug(cell.name) / "grpo"
+        done = _done(d / "done.json")
+        if done:
+            return Path(done["final"])
+        overrides = {**self.cfg.train.grpo_overrides, "grpo.reward_preset": cell.reward_preset, "run.init_from": str(init) if init else None, **cell.grpo_overrides}
+        t0 = time.perf_counter()
+        final = self.trainer("grpo", self.cfg.train.grpo_config, d, overrides, d / "train.log")
+        _mark(d / "done.json", {"final": str(final), "seconds": time.perf_counter() - t0})
+        return final
+
+    def policy_spec(self, checkpoint: Path) -> str:
+        opts = "&".join(f"{k}={v}" for k, v in self.cfg.eval.policy_options.items())
+        return f"hf:{checkpoint}" + (f"?{opts}" if opts else "")
+
+    def run_cell(self, cell: CellSpec) -> CellResult:
+        d = self.out / "cells" / slug(cell.name)
+        done = _done(d / "done.json")
+        if done:
+            log.info("cell %r already done; skipping", cell.name)
+            return CellResult(**done)
+        t0 = time.perf_counter()
+        sft = self._sft() if cell.sft else None
+        ckpt = self._grpo(cell, sft) if cell.grpo else sft
+        if ckpt is None:
+            raise AblationError(f"cell {cell.name!r} neither trains SFT nor GRPO: nothing to evaluate")
+        e = self.cfg.eval
+        outcome = self.evaluator(
+            self.policy_spec(ckpt), self.eval_tasks(), d / "eval", e.judge, e.preset,
+            EvalConfig(workers=e.workers, max_turns=e.max_turns), e.limit, title=cell.name,
+        )
+        if not outcome.complete:
+            raise AblationError(f"cell {cell.name!r}: evaluation incomplete ({outcome.n_done}/{outcome.n_tasks}); rerun to resume")
+        s = outcome.summary
+        res = CellResult(cell.name, s.metrics, s.success_rate, s.valid_reply_rate, str(ckpt), time.perf_counter() - t0)
+        _mark(d / "done.json", res.to_dict())
+        return res
+
+    def run(self) -> dict[str, Any]:
+        results: dict[str, CellResult] = {}
+        failures: dict[str, str] = {}
+        for cell in self.cfg.cells:
+            try:
+                results[cell.name] = self.run_cell(cell)
+            except AblationError as e:  # one failed cell must not cost the others
+                log.error("cell %r failed: %s", cell.name, e)
+                failures[cell.name] = str(e)
+        return self.write(results, failures)
+
+    # -- outputs -----------------------------------------------------------------------------
+    def write(self, results: dict[str, CellResult], failures: dict[str, str]) -> dict[str, Any]:
+        rows = {c.name: results[c.name].metrics for c in self.cfg.cells if c.name in results}
+        table = metrics_table(rows)
+        extra = ["", "| Setting | Success | Valid replies | Minutes |", "|---|---|---|---|"]
+        extra += [f"| {n} | {r.success_rate:.3f} | {r.valid_reply_rate:.3f} | {r.seconds / 60:.1f} |" for n, r in results.items()]
+        notes = [f"- {n}: FAILED — {msg.splitlines()[0]}" for n, msg in failures.items()]
+        md = f"# Ablation: {self.cfg.name}\n\nEvaluated with the `{self.cfg.eval.preset}` reward, {self.cfg.eval.judge} judges.\n\n{table}\n" + "\n".join(extra) + "\n"
+        if notes:
+            md += "\n" + "\n".join(notes) + "\n"
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "table.md").write_text(md)
+        payload = {"name": self.cfg.name, "cells": {n: r.to_dict() for n, r in results.items()}, "failures": failures}
+        (self.out / "table.json").write_text(json.dumps(payload, indent=2, default=float))
+        self.curves()
+        return {"markdown": md, **payload}
+
+    def curves(self) -> Path | None:
+        """Training curves of every run: SFT loss and each cell's GRPO reward, from metrics.jsonl."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        series: dict[str, list[tuple[int, float]]] = {}
+        for name, path, key in [("SFT loss", self.out / "sft" / "metrics.jsonl", "loss")] + [
+            (c.name, self.out / "cells" / slug(c.name) / "grpo" / "metrics.jsonl", "reward") for c in self.cfg.cells if c.grpo
+        ]:
+            if path.exists():
+                pts = []
+                for line in path.read_text().splitlines():
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(rec.get(key), (int, float)):
+                        pts.append((int(rec.get("step", len(pts))), float(rec[key])))
+                if pts:
+                    series[name] = pts
+        if not series:
+            return None
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), dpi=100)
+        for name, pts in series.items():
+            ax = axes[0] if name == "SFT loss" else axes[1]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="." if len(pts) < 40 else None)
+        axes[0].set_title("SFT loss")
+        axes[1].set_title("GRPO reward (training preset)")
+        for ax in axes:
+            ax.set_xlabel("step")
+            if ax.lines:
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = self.out / "curves.png"
+        fig.savefig(path)
+        plt.close(fig)
+        return path

@@ -1,0 +1,128 @@
+"""The ablation grid: stages, skip-on-rerun, failures, Table-5 table and curves (training faked)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from canvasagent.cli import main as cli_main
+from canvasagent.evaluation.ablation import AblationConfig, AblationRunner, cli_trainer, slug
+from canvasagent.evaluation.api import EvalOutcome
+from canvasagent.evaluation.metrics import summarize, TaskResult
+
+GRID = {
+    "name": "test grid",
+    "train": {"sft_config": "sft_tiny_cpu", "grpo_config": "grpo_tiny_cpu"},
+    "eval": {"tasks": "SPLIT", "judge": "offline", "preset": "paper", "max_turns": 2, "policy_options": {"max_new_tokens": 8}},
+    "cells": [
+        {"name": "SFT only", "sft": True, "grpo": False},
+        {"name": "RL only", "sft": False, "grpo": True},
+        {"name": "SFT+RL", "sft": True, "grpo": True},
+        {"name": "w/o outcome reward", "sft": True, "grpo": True, "reward_preset": "no-outcome"},
+        {"name": "w/o process reward", "sft": True, "grpo": True, "reward_preset": "no-process"},
+    ],
+}
+
+
+@pytest.fixture
+def grid(tmp_path, eval_split):
+    g = json.loads(json.dumps(GRID))
+    g["eval"]["tasks"] = str(eval_split)
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(g))
+    return path
+
+
+class FakeTrainer:
+    def __init__(self, fail: set[str] | None = None):
+        self.calls: list[tuple[str, dict]] = []
+        self.fail = fail or set()
+
+    def __call__(self, kind, config, out: Path, overrides, log_path):
+        from canvasagent.evaluation.ablation import AblationError
+
+        self.calls.append((kind, dict(overrides)))
+        if overrides.get("grpo.reward_preset") in self.fail:
+            raise AblationError("boom")
+        (out / "final").mkdir(parents=True, exist_ok=True)
+        key = "loss" if kind == "sft" else "reward"
+        (out / "metrics.jsonl").write_text("\n".join(json.dumps({"step": i, key: 1.0 / (i + 1)}) for i in range(5)))
+        return out / "final"
+
+
+def fake_evaluator(calls):
+    def evaluate(policy, tasks, out, judge, preset, config, limit, title=""):
+        calls.append((policy, title))
+        value = {"SFT only": 0.55, "RL only": 0.6, "SFT+RL": 0.82, "w/o outcome reward": 0.63, "w/o process reward": 0.38}[title]
+        res = [TaskResult("t0", scores={"overall": value, "align": value, "aes": 0.7, "traj": value, "rule": value}, n_calls=2, n_turns=3, valid_replies=3)]
+        return EvalOutcome(summarize(res), {}, 1, 1)
+
+    return evaluate
+
+
+def test_grid_runs_shares_sft_and_skips_finished_cells(grid, tmp_path):
+    cfg = AblationConfig.load(grid)
+    trainer, evals = FakeTrainer(), []
+    out = AblationRunner(cfg, tmp_path / "abl", trainer, fake_evaluator(evals)).run()
+    kinds = [k for k, _ in trainer.calls]
+    assert kinds == ["sft", "grpo", "grpo", "grpo", "grpo"]  # one shared SFT run
+    grpo = [o for k, o in trainer.calls if k == "grpo"]
+    assert grpo[0]["run.init_from"] is None  # RL only starts from the base model
+    assert all(o["run.init_from"].endswith("sft/final") for o in grpo[1:])
+    assert [o["grpo.reward_preset"] for o in grpo] == ["paper", "paper", "no-outcome", "no-process"]
+    assert evals[0][0].startswith("hf:") and evals[0][0].endswith("sft/final?max_new_tokens=8")
+    md = out["markdown"]
+    assert "| Setting | Overall | Align. | Aes. | Traj. | Rule | Calls |" in md
+    assert "| SFT+RL | 0.820 |" in md and "| w/o process reward | 0.380 |" in md
+    assert (tmp_path / "abl" / "curves.png").stat().st_size > 1000
+    # Rerun: every cell is skipped, nothing trains or evaluates again.
+    trainer2, evals2 = FakeTrainer(), []
+    again = AblationRunner(cfg, tmp_path / "abl", trainer2, fake_evaluator(evals2)).run()
+    assert trainer2.calls == [] and evals2 == [] and again["markdown"] == md
+
+
+def test_failed_cell_is_reported_and_retried(grid, tmp_path):
+    cfg = AblationConfig.load(grid)
+    out = AblationRunner(cfg, tmp_path / "abl", FakeTrainer(fail={"no-outcome"}), fake_evaluator([])).run()
+    assert set(out["failures"]) == {"w/o outcome reward"} and "FAILED" in out["markdown"]
+    trainer = FakeTrainer()
+    out = AblationRunner(cfg, tmp_path / "abl", trainer, fake_evaluator([])).run()
+    assert out["failures"] == {} and [k for k, _ in trainer.calls] == ["grpo"]  # only the failed cell reruns
+
+
+def test_cli_trainer_runs_a_subprocess_and_resumes(tmp_path):
+    script = tmp_path / "fake_train.py"
+    script.write_text(textwrap.dedent("""
+        import sys, pathlib
+        args = sys.argv[1:]
+        out = pathlib.Path(args[args.index("--output-dir") + 1])
+        print("ARGS", " ".join(args))
+        if "fail=1" in args:
+            sys.exit(3)
+        (out / "final").mkdir(parents=True, exist_ok=True)
+    """))
+    train = cli_trainer([sys.executable, str(script)])
+    out = tmp_path / "run"
+    (out / "checkpoint-5").mkdir(parents=True)
+    final = train("grpo", "grpo_tiny_cpu", out, {"grpo.reward_preset": "no-outcome", "run.init_from": None}, out / "train.log")
+    assert final == out / "final"
+    log = (out / "train.log").read_text()
+    assert "-m canvasagent.train grpo --config grpo_tiny_cpu" in log and "--set run.init_from=null" in log and "--resume" in log
+    from canvasagent.evaluation.ablation import AblationError
+
+    with pytest.raises(AblationError, match="exit 3"):
+        train("sft", "x", tmp_path / "r2", {"fail": 1}, tmp_path / "r2.log")
+
+
+def test_shipped_grids_load_and_dry_run(capsys):
+    for name in ("paper", "tiny_cpu"):
+        cfg = AblationConfig.load(name)
+        assert [slug(c.name) for c in cfg.cells] == ["sft-only", "rl-only", "sft-rl", "w-o-outcome-reward", "w-o-process-reward"]
+    assert cli_main(["ablate", "--grid", "tiny_cpu", "--out", "/tmp/unused-ablation-dir", "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "train sft  --config sft_tiny_cpu" in text and "reward no-process, from sft/final" in text
