@@ -208,7 +208,7 @@ def _execute(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str
     if not jobs:
         return
     if use_ray:
-        yield from _execute_ray(kind, cfg_dict, jobs, out)
+        yield from _execute_ray(kind, cfg_dict, jobs, out, workers)
         return
     n = workers or os.cpu_count() or 1
     if n <= 1 or len(jobs) == 1:
@@ -225,13 +225,16 @@ def _run_shard_star(args: tuple) -> tuple[ShardJob, int, dict[str, Any]]:
     return run_shard(*args)
 
 
-def _execute_ray(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str):
+def _execute_ray(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str, workers: int = 0):
     """The same shard tasks as Ray tasks; workers build their own toolbox from `tools_config`, so a
-    config with `client: ray` makes every task call the Ray Serve toolbox."""
+    config with `client: ray` makes every task call the Ray Serve toolbox. On a cluster, `out`
+    must be a path every node can write (shared storage)."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None, ignore_reinit_error=True, log_to_driver=False)
+        address = os.environ.get("RAY_ADDRESS") or None
+        local = {} if address else {"num_cpus": workers or None, "include_dashboard": False}
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, **local)
     task = ray.remote(num_cpus=1)(run_shard)
     refs = [task.remote(kind, cfg_dict, j, out) for j in jobs]
     while refs:

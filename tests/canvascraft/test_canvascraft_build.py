@@ -58,8 +58,30 @@ def fake_sam():
     return call
 
 
-register_backend("cc-fake-grounding", f"{__name__}:fake_grounding")
-register_backend("cc-fake-sam", f"{__name__}:fake_sam")
+def fake_ocr():
+    def call(req):
+        return ToolResult(True, "OPEN", OutputKind.TEXT, data={"lines": ["OPEN"]})
+
+    return call
+
+
+def fake_image(scale: int = 1):
+    """Gen (no input), Edit (tints the input) or SR (scale > 1): deterministic stand-ins."""
+
+    def call(req):
+        src = req.images.get("image")
+        if src is None:
+            img = Image.new("RGB", (96, 96), (90, 140, 200))
+            img.paste((250, 220, 0), (8, 10, 40, 30))  # off-centre, so no flip or turn is a no-op
+            return ToolResult(True, "Generated image", OutputKind.IMAGE, image=img)
+        out = src.convert("RGB").resize((src.width * scale, src.height * scale)) if scale > 1 else Image.blend(src.convert("RGB"), Image.new("RGB", src.size, (255, 0, 0)), 0.3)
+        return ToolResult(True, "Done", OutputKind.IMAGE, image=out)
+
+    return call
+
+
+for _name, _fn in (("grounding", "fake_grounding"), ("sam", "fake_sam"), ("ocr", "fake_ocr"), ("image", "fake_image")):
+    register_backend(f"cc-fake-{_name}", f"{__name__}:{_fn}")
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +183,26 @@ def test_replay_cli_reproduces_a_saved_trajectory(sft_build, tmp_path, fake_tool
     report = json.loads((tmp_path / "rep" / "report.json").read_text())
     final = open_image(tmp_path / "rep" / f"{report['final_asset_id']}.png")
     assert np.array_equal(np.asarray(final), np.asarray(open_image(row["final_image"]["bytes"])))
+
+
+def test_every_chain_template_executes_cleanly(tmp_path):
+    """All Table 7/8 chains plan, execute, pass QC and replay, with stand-ins for the models."""
+    p = tmp_path / "all.yaml"
+    p.write_text(
+        "profile: canvascraft\nbackends:\n  Grounding: {name: cc-fake-grounding}\n  SAM: {name: cc-fake-sam}\n"
+        "  OCR: {name: cc-fake-ocr}\n  ImageGeneration: {name: cc-fake-image}\n  ImageEdit: {name: cc-fake-image}\n"
+        "  SR: {name: cc-fake-image, params: {scale: 2}}\n"
+    )
+    w = TemplateWriter()
+    src = make_source("builtin", 96)
+    for i, chain in enumerate(ChainSet.load()):
+        tb = make_toolbox(str(p))
+        got = build_one(chain, src, w, w.phrasings, tb, random.Random(i), f"c{i}")
+        # OCR stand-in reads "OPEN" whatever the sign says: the only reason tolerated here.
+        assert got.kept or got.reasons == ["ocr_mismatch"], (chain.name, got.reasons)
+        assert got.traj.tool_sequence == list(chain.tools)
+        again, report = replay(from_trajectory(got.traj), make_toolbox(str(p)))
+        assert report["summary"]["errors"] == 0, chain.name
 
 
 def test_chains_without_backend_are_skipped_and_plumbing_is_rejected(tmp_path):
