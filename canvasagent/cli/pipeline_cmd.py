@@ -1,0 +1,39 @@
+"""`canvasagent pipeline --out runs/main`: data, SFT, GRPO, evaluation and a report, offline on CPU."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("pipeline", help="the main job: build data, SFT, GRPO, evaluate, report (resumable)")
+    p.add_argument("--out", default="runs/main", help="run folder (rerunning resumes it)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sft-config", default="sft_tiny_cpu")
+    p.add_argument("--grpo-config", default="grpo_tiny_cpu")
+    p.add_argument("--n-eval", type=int, default=24, help="held-out evaluation tasks")
+    p.add_argument("--stage", action="append", help="run only these stages (repeatable)")
+    p.add_argument("--skip-base-eval", action="store_true")
+    p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="override an SFT config field")
+    p.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE", help="override a GRPO config field")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    for k, v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TRL_EXPERIMENTAL_SILENCE", "1")):
+        os.environ.setdefault(k, v)
+    from canvasagent.pipeline import PipelineConfig, run_pipeline
+    from canvasagent.training.config import parse_override
+
+    cfg = PipelineConfig(
+        out=args.out, seed=args.seed, sft_config=args.sft_config, grpo_config=args.grpo_config, n_eval=args.n_eval,
+        sft_overrides=dict(parse_override(s) for s in args.sft_set),
+        grpo_overrides=dict(parse_override(s) for s in args.grpo_set),
+        skip_base_eval=args.skip_base_eval,
+    )
+    results = run_pipeline(cfg, args.stage)
+    report = results.get("report") or {}
+    if report.get("markdown"):
+        print(open(report["markdown"]).read())
+    return 0

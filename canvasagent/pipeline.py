@@ -1,0 +1,159 @@
+"""The main job as one resumable command: data -> SFT -> GRPO -> held-out evaluation -> report.
+
+    canvasagent pipeline --out runs/main
+
+Runs offline on a CPU machine with the tiny Qwen3-VL and only tools that really run offline.
+Each stage writes `<out>/<stage>/done.json` when it finishes; a rerun skips finished stages, and
+training stages resume from their last checkpoint, so an interrupted pipeline loses at most the
+steps since the last save.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+STAGES = ("data", "eval_base", "sft", "eval_sft", "grpo", "eval_grpo", "report")
+
+
+@dataclass
+class PipelineConfig:
+    out: str = "runs/main"
+    seed: int = 0
+    sft_config: str = "sft_tiny_cpu"
+    grpo_config: str = "grpo_tiny_cpu"
+    n_eval: int = 24  # held-out templated tasks (a task seed never used for training)
+    eval_max_new_tokens: int = 96
+    sft_overrides: dict[str, Any] = field(default_factory=dict)
+    grpo_overrides: dict[str, Any] = field(default_factory=dict)
+    skip_base_eval: bool = False
+
+
+def _done(path: Path) -> dict[str, Any] | None:
+    f = path / "done.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def _mark(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / "done.json.tmp"
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path / "done.json")
+    return data
+
+
+class Pipeline:
+    def __init__(self, cfg: PipelineConfig):
+        from canvasagent.training.config import TrainConfig
+
+        self.cfg = cfg
+        self.out = Path(cfg.out).resolve()
+        seed = cfg.seed
+        self.sft = TrainConfig.load(cfg.sft_config, {
+            "run.output_dir": str(self.out / "sft"), "run.seed": seed, "model.tiny_seed": seed,
+            "data.seed": 1000 * seed, **cfg.sft_overrides,
+        })
+        self.grpo = TrainConfig.load(cfg.grpo_config, {
+            "run.output_dir": str(self.out / "grpo"), "run.seed": seed, "model.tiny_seed": seed,
+            "data.seed": 1000 * seed + 1, "run.init_from": str(self.out / "sft" / "final"), **cfg.grpo_overrides,
+        })
+        self.timings: dict[str, float] = {}
+
+    # -- stages ------------------------------------------------------------------------------------
+    def _eval_tasks(self):
+        from canvasagent.training.common import toolbox_factory
+        from canvasagent.training.data import eval_tasks
+
+        # Held out: a task seed no training stage uses.
+        return eval_tasks(self.sft, self.cfg.n_eval, 1000 * self.cfg.seed + 999, toolbox_factory(self.sft)())
+
+    def stage_data(self) -> dict[str, Any]:
+        from canvasagent.training.data import scripted_tasks
+
+        eval_tasks = self._eval_tasks()
+        train_ids = {t.id + t.instruction for t, _ in scripted_tasks(self.sft)}
+        (self.out / "data").mkdir(parents=True, exist_ok=True)
+        with open(self.out / "data" / "eval_tasks.jsonl", "w") as fh:
+            for t in eval_tasks:
+                fh.write(json.dumps(t.to_dict()) + "\n")
+        return {"n_sft": self.sft.data.n_train, "n_grpo": self.grpo.data.n_train, "n_eval": len(eval_tasks),
+                "source": self.sft.data.format, "eval_overlap_instructions": sum(t.id + t.instruction in train_ids for t in eval_tasks)}
+
+    def _evaluate(self, model_dir: Path, name: str) -> dict[str, Any]:
+        from canvasagent.training.common import workspace
+        from canvasagent.training.evaluate import evaluate_model
+        from canvasagent.training.rewarding import make_scorer
+
+        ws = workspace(self.sft)
+        toolbox = ws.env_cls.toolbox()
+        scorer = make_scorer(self.grpo.grpo.reward_preset, self.grpo.grpo.judge, toolbox)
+        res = evaluate_model(model_dir, self._eval_tasks(), scorer, toolbox, ws.tool_fns,
+                             max_turns=self.grpo.grpo.max_turns, max_new_tokens=self.cfg.eval_max_new_tokens,
+                             out_dir=self.out / name / "trajectories")
+        return {"model": str(model_dir), "metrics": res.metrics, "per_task": res.scores, "scorer": scorer.source}
+
+    def stage_eval_base(self) -> dict[str, Any]:
+        from canvasagent.training.common import resolve_model_path
+
+        return self._evaluate(Path(resolve_model_path(self.sft)), "eval_base")
+
+    def stage_sft(self) -> dict[str, Any]:
+        from canvasagent.training import run
+
+        self.sft.run.resume = True  # a no-op on a fresh dir; continues an interrupted stage
+        s = run(self.sft)
+        return {k: v for k, v in s.items() if k != "log_history"}
+
+    def stage_eval_sft(self) -> dict[str, Any]:
+        return self._evaluate(self.out / "sft" / "final", "eval_sft")
+
+    def stage_grpo(self) -> dict[str, Any]:
+        from canvasagent.training import run
+
+        self.grpo.run.resume = True
+        s = run(self.grpo)
+        return {k: v for k, v in s.items() if k != "log_history"}
+
+    def stage_eval_grpo(self) -> dict[str, Any]:
+        return self._evaluate(self.out / "grpo" / "final", "eval_grpo")
+
+    def stage_report(self) -> dict[str, Any]:
+        from canvasagent.training.report import write_report
+
+        results = {s: _done(self.out / s) for s in STAGES if s != "report"}
+        return write_report(self.out, results)
+
+    # -- driver ------------------------------------------------------------------------------------
+    def run(self, only: list[str] | None = None, on_stage: Callable[[str, dict], None] | None = None) -> dict[str, Any]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "pipeline_config.json").write_text(json.dumps(asdict(self.cfg), indent=2))
+        results: dict[str, Any] = {}
+        for stage in STAGES:
+            if only and stage not in only:
+                continue
+            if stage == "eval_base" and self.cfg.skip_base_eval:
+                continue
+            prev = _done(self.out / stage)
+            if prev is not None and stage != "report":
+                log.info("[pipeline] %s: done already, skipping", stage)
+                results[stage] = prev
+                continue
+            log.info("[pipeline] %s: starting", stage)
+            t0 = time.perf_counter()
+            data = getattr(self, f"stage_{stage}")()
+            data["seconds"] = round(time.perf_counter() - t0, 1)
+            results[stage] = _mark(self.out / stage, data)
+            log.info("[pipeline] %s: finished in %.1fs", stage, data["seconds"])
+            if on_stage:
+                on_stage(stage, data)
+        return results
+
+
+def run_pipeline(cfg: PipelineConfig, only: list[str] | None = None) -> dict[str, Any]:
+    return Pipeline(cfg).run(only)

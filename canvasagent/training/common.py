@@ -1,0 +1,195 @@
+"""Pieces SFT and GRPO share: model/processor resolution, the tool env, data, PEFT and TRL args."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from canvasagent.training.config import TINY, TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Workspace:
+    """Resolved paths and objects of one run (no weights)."""
+
+    cfg: TrainConfig
+    output_dir: Path
+    model_path: str  # hub id or local dir of the weights to start from
+    env_cls: type
+    tool_fns: list[Callable]
+    toolbox_factory: Callable[[], Any]
+
+
+def output_dir(cfg: TrainConfig) -> Path:
+    p = cfg.resolve(cfg.run.output_dir)
+    assert p is not None
+    return p
+
+
+def tiny_model_dir(cfg: TrainConfig) -> Path:
+    return output_dir(cfg) / "tiny_base"
+
+
+def resolve_model_path(cfg: TrainConfig, build: bool = True) -> str:
+    """Where the starting weights are: init_from (GRPO after SFT), a hub id/dir, or the tiny model."""
+    ref = cfg.run.init_from if cfg.kind == "grpo" and cfg.run.init_from else cfg.model.name_or_path
+    if ref == TINY:
+        out = tiny_model_dir(cfg)
+        if build and not (out / "canvasagent_tiny.json").exists():
+            from canvasagent.models import build_tiny_qwen3vl
+
+            build_tiny_qwen3vl(out, seed=cfg.model.tiny_seed)
+        return str(out)
+    p = cfg.resolve(ref)
+    return str(p) if p is not None and p.exists() else ref
+
+
+def load_tools_config(cfg: TrainConfig):
+    from canvasagent.config import ToolsConfig
+
+    tools_path = cfg.resolve(cfg.tools.config) if cfg.tools.config.endswith((".yaml", ".yml")) else None
+    return ToolsConfig.load(str(tools_path) if tools_path else cfg.tools.config)
+
+
+def toolbox_factory(cfg: TrainConfig) -> Callable[[], Any]:
+    """Builds the toolbox on first use (a Ray/HTTP client connects only when a rollout needs it)."""
+    from canvasagent.config import make_toolbox
+
+    return lambda: make_toolbox(load_tools_config(cfg))
+
+
+def workspace(cfg: TrainConfig, build_model: bool = True) -> Workspace:
+    from canvasagent.training.env import make_env_class, tool_functions
+
+    factory = toolbox_factory(cfg)
+    max_turns = cfg.grpo.max_turns
+    env_cls = make_env_class(cfg.tools.names or None, factory, max_turns, cfg.tools.family)
+    return Workspace(
+        cfg=cfg,
+        output_dir=output_dir(cfg),
+        model_path=resolve_model_path(cfg, build=build_model),
+        env_cls=env_cls,
+        tool_fns=tool_functions(cfg.tools.names or None, cfg.tools.family),
+        toolbox_factory=factory,
+    )
+
+
+def load_model_and_processor(ws: Workspace, padding_side: str | None = None):
+    from canvasagent.models import ensure_token_capacity, load_policy, load_processor
+
+    kwargs = {"padding_side": padding_side} if padding_side else {}
+    processor = load_processor(ws.model_path, **kwargs)
+    extra = {"attn_implementation": ws.cfg.model.attn_implementation} if ws.cfg.model.attn_implementation else {}
+    model = load_policy(ws.model_path, dtype=ws.cfg.model.dtype, **extra)
+    ensure_token_capacity(model, processor.tokenizer)  # real Qwen tokenizers gain <reason>, <Terminate>
+    return model, processor
+
+
+def peft_config(cfg: TrainConfig):
+    if not cfg.lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    lo = cfg.lora
+    return LoraConfig(
+        r=lo.r,
+        lora_alpha=lo.alpha,
+        lora_dropout=lo.dropout,
+        target_modules=list(lo.target_modules),
+        modules_to_save=list(lo.modules_to_save) or None,
+        task_type="CAUSAL_LM",
+    )
+
+
+def common_trl_args(cfg: TrainConfig, with_deepspeed: bool = True) -> dict[str, Any]:
+    """TrainingArguments fields shared by SFTConfig and GRPOConfig.
+
+    `with_deepspeed=False` is the dry-run mode on a machine without the GPUs: DeepSpeed (which
+    needs the package) and bf16 (which needs a GPU) are validated separately instead.
+    """
+    o, r = cfg.optim, cfg.run
+    args: dict[str, Any] = dict(
+        output_dir=str(output_dir(cfg)),
+        max_steps=o.max_steps if o.max_steps > 0 else -1,
+        num_train_epochs=o.num_train_epochs,
+        per_device_train_batch_size=o.per_device_train_batch_size,
+        gradient_accumulation_steps=o.gradient_accumulation_steps,
+        learning_rate=o.learning_rate,
+        lr_scheduler_type=o.lr_scheduler_type,
+        warmup_steps=o.warmup,
+        weight_decay=o.weight_decay,
+        max_grad_norm=o.max_grad_norm,
+        bf16=o.bf16 if with_deepspeed else False,
+        gradient_checkpointing=o.gradient_checkpointing,
+        seed=r.seed,
+        data_seed=r.seed,
+        logging_steps=r.logging_steps,
+        save_strategy="steps" if r.save_steps > 0 else "no",
+        save_steps=max(1, r.save_steps),
+        save_total_limit=r.save_total_limit,
+        report_to=list(r.report_to),
+        remove_unused_columns=False,  # our transforms and the env need every column
+        dataloader_num_workers=0,
+    )
+    if with_deepspeed and r.deepspeed:
+        args["deepspeed"] = str(cfg.resolve(r.deepspeed))
+    args.update(cfg.trl_args)
+    return args
+
+
+def last_checkpoint(out: Path) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(out)) if out.is_dir() else None
+
+
+def save_final(trainer: Any, processor: Any, src_model_path: str, dest: Path) -> Path:
+    """Save a loadable policy dir (LoRA merged) with the processor, like the starting checkpoint."""
+    dest.mkdir(parents=True, exist_ok=True)
+    model = trainer.model
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    model.save_pretrained(dest)
+    processor.save_pretrained(dest)
+    src = Path(src_model_path)
+    # The image-only processor does not write the video config; keep the folder standard.
+    for name in ("video_preprocessor_config.json", "chat_template.jinja"):
+        if (src / name).exists() and not (dest / name).exists():
+            shutil.copy(src / name, dest / name)
+    (dest / "canvasagent_train.json").write_text(json.dumps({"from": src_model_path, "step": trainer.state.global_step}))
+    return dest
+
+
+def validate_launcher(cfg: TrainConfig) -> dict[str, Any]:
+    """Check the accelerate/DeepSpeed files a config names (used by --dry-run)."""
+    import yaml
+
+    report: dict[str, Any] = {}
+    if cfg.run.deepspeed:
+        p = cfg.resolve(cfg.run.deepspeed)
+        if p is None or not p.exists():
+            raise FileNotFoundError(f"run.deepspeed: {cfg.run.deepspeed} not found")
+        ds = json.loads(p.read_text())
+        stage = ds.get("zero_optimization", {}).get("stage")
+        if stage not in (2, 3):
+            raise ValueError(f"{p}: expected ZeRO stage 2 or 3, got {stage}")
+        report["deepspeed"] = {"file": str(p), "zero_stage": stage}
+    if cfg.run.accelerate_config:
+        p = cfg.resolve(cfg.run.accelerate_config)
+        if p is None or not p.exists():
+            raise FileNotFoundError(f"run.accelerate_config: {cfg.run.accelerate_config} not found")
+        acc = yaml.safe_load(p.read_text())
+        n = int(acc.get("num_processes", 1))
+        if n != cfg.run.num_processes:
+            raise ValueError(f"{p}: num_processes={n} but run.num_processes={cfg.run.num_processes}")
+        ds_file = (acc.get("deepspeed_config") or {}).get("deepspeed_config_file")
+        if ds_file and not (cfg.resolve(ds_file) or Path(ds_file)).exists():
+            raise FileNotFoundError(f"{p}: deepspeed_config_file {ds_file} not found")
+        report["accelerate"] = {"file": str(p), "num_processes": n, "distributed_type": acc.get("distributed_type")}
+    return report

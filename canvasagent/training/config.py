@@ -1,0 +1,174 @@
+"""Training configs: one YAML file -> typed dataclasses for SFT and GRPO.
+
+Only the knobs we set on purpose are typed here; anything else TRL accepts goes through
+`trl_args`, so the YAML can reach every `SFTConfig`/`GRPOConfig` field without this file growing
+a mirror of TRL's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from canvasagent.config import REPO_ROOT, find_config, from_dict, load_yaml
+
+TINY = "tiny"  # model.name_or_path value meaning "build the tiny offline Qwen3-VL under the run dir"
+
+
+@dataclass
+class ModelSection:
+    name_or_path: str = TINY  # hub id, local dir, or "tiny"
+    dtype: str = "float32"  # bf16 on GPUs; float32 on CPU
+    tiny_seed: int = 0  # weight seed when name_or_path == "tiny"
+    attn_implementation: str | None = None  # e.g. flash_attention_2 on GPUs
+
+
+@dataclass
+class DataSection:
+    # scripted: rows made here by running the core loop on templated pure-tool chains.
+    # canvascraft: HF parquet written by `python -m canvascraft build-sft|build-rl`.
+    # sharegpt / rl-json: the public formats, read through canvascraft's readers.
+    format: str = "scripted"
+    path: str | None = None
+    n_train: int = 64  # scripted only
+    seed: int = 0  # scripted task sampling
+    max_steps_per_task: int = 2  # scripted chain length upper bound
+    image_size: int = 64  # scripted input image side (px)
+
+
+@dataclass
+class ToolsSection:
+    config: str = "offline"  # a configs/tools/<name>.yaml or a path (local | ray | http client)
+    # Tools the policy sees (schemas in the prompt, env methods). Empty = the whole family.
+    names: list[str] = field(default_factory=list)
+    family: str = "canvasagent"
+
+
+@dataclass
+class LoraSection:
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    # A tiny random lm_head under LoRA samples near-uniformly; training it makes the policy follow SFT.
+    modules_to_save: list[str] = field(default_factory=list)
+
+
+@dataclass
+class OptimSection:
+    learning_rate: float = 1e-4
+    lr_scheduler_type: str = "constant"
+    warmup: float = 0.0  # int: steps; float in [0, 1): fraction of the run (TrainingArguments.warmup_steps)
+    weight_decay: float = 0.0
+    max_steps: int = 10
+    num_train_epochs: float = 1.0  # used only when max_steps <= 0
+    per_device_train_batch_size: int = 4
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float = 1.0
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class GRPOSection:
+    num_generations: int = 4
+    beta: float = 0.0  # KL coefficient
+    max_turns: int = 4  # max_tool_calling_iterations and the episode turn budget
+    max_completion_length: int = 256  # all turns, tool-result tokens included
+    temperature: float = 1.0
+    reward_preset: str = "paper"  # configs/reward/<preset>.yaml
+    judge: str = "offline"  # offline | http | local
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"  # colocate | server
+    vllm_server_base_url: str | None = None
+    loss_type: str | None = None  # None keeps TRL's default
+
+
+@dataclass
+class RunSection:
+    output_dir: str = "runs/train"
+    seed: int = 0
+    save_steps: int = 5
+    save_total_limit: int | None = 2
+    logging_steps: int = 1
+    report_to: list[str] = field(default_factory=lambda: ["none"])  # tensorboard | wandb | none
+    dump_every: int = 5  # trajectory dump (JSONL + images) every N steps; 0 = off
+    resume: bool = False
+    init_from: str | None = None  # GRPO: an SFT checkpoint dir (None = model.name_or_path, the RL-only ablation)
+    accelerate_config: str | None = None  # launcher file; validated by --dry-run
+    deepspeed: str | None = None  # a DeepSpeed JSON, passed to TRL as `deepspeed=`
+    num_processes: int = 1  # training processes the launcher is expected to start
+
+
+@dataclass
+class TrainConfig:
+    kind: str = "sft"  # sft | grpo
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    tools: ToolsSection = field(default_factory=ToolsSection)
+    lora: LoraSection = field(default_factory=LoraSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    grpo: GRPOSection = field(default_factory=GRPOSection)
+    run: RunSection = field(default_factory=RunSection)
+    max_length: int | None = None  # SFT truncation (None: never truncate; a cut image breaks the sample)
+    trl_args: dict[str, Any] = field(default_factory=dict)  # any other SFTConfig/GRPOConfig field
+
+    @classmethod
+    def load(cls, name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> "TrainConfig":
+        data = load_yaml(find_config(name_or_path, "train"))
+        for dotted, value in (overrides or {}).items():
+            _set_dotted(data, dotted, value)
+        cfg = from_dict(cls, data)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.kind not in ("sft", "grpo"):
+            raise ValueError(f"kind must be sft or grpo, got {self.kind!r}")
+        if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json"):
+            raise ValueError(f"unknown data.format {self.data.format!r}")
+        if self.data.format != "scripted" and not self.data.path:
+            raise ValueError(f"data.format={self.data.format} needs data.path")
+        if self.kind == "grpo":
+            g = self.grpo
+            per_step = self.optim.per_device_train_batch_size * self.optim.gradient_accumulation_steps * max(
+                1, self.run.num_processes
+            )
+            if per_step % g.num_generations:
+                raise ValueError(
+                    f"the global batch ({per_step}) must be a multiple of grpo.num_generations ({g.num_generations})"
+                )
+            if g.max_turns < 1:
+                raise ValueError("grpo.max_turns must be >= 1")
+
+    def resolve(self, path: str | None) -> Path | None:
+        """Config paths are relative to the repository root (configs travel with the code)."""
+        if path is None:
+            return None
+        p = Path(path)
+        return p if p.is_absolute() or p.exists() else REPO_ROOT / p
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    cur = data
+    for k in keys[:-1]:
+        cur = cur.setdefault(k, {})
+    cur[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`optim.max_steps=3` -> ("optim.max_steps", 3); values are YAML scalars."""
+    import yaml
+
+    key, sep, raw = text.partition("=")
+    if not sep:
+        raise ValueError(f"override {text!r} is not KEY=VALUE")
+    return key.strip(), yaml.safe_load(raw)

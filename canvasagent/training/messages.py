@@ -1,0 +1,161 @@
+"""The ONE message layout that SFT, GRPO and model evaluation render.
+
+    system   : our system prompt (no tool list) + the chat template's tool block
+    user     : "img_1:" <image> ... instruction          (as `canvasagent.episode.user_message`)
+    assistant: "<reason>…</reason>" + tool_calls=[{name, arguments}]   or   "<reason>…</reason><Terminate>"
+    tool     : [<image>] + observation text ending in the imglist echo
+
+GRPO renders the prompt with `tools=` (TRL passes the environment's methods), so the template
+writes the tool block itself. TRL's VLM SFT collator does not pass `tools=`, so SFT rows carry the
+exact same system text, pre-rendered by `system_text()`; a test checks the two are byte-identical.
+Assistant tool calls are kept structured so the template renders them exactly as the model will
+generate them (`<reason>…</reason>\n<tool_call>\n{…}\n</tool_call>`), which our protocol parser
+accepts as a well-formed reply.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from canvasagent.protocol import parse_reply, render_system_prompt
+from canvasagent.tasks import Task
+from canvasagent.trajectory import Trajectory
+
+Message = dict[str, Any]
+
+
+def _text(t: str) -> list[dict[str, Any]]:
+    # Every content is a list of blocks: Arrow cannot store a column mixing strings and lists.
+    return [{"type": "text", "text": t}]
+
+
+def base_system_prompt(family: str = "canvasagent") -> str:
+    """Our system prompt without its tool list (the chat template adds the tool block)."""
+    return render_system_prompt(family, include_tools=False)
+
+
+def system_text(processor: Any, tool_fns: list[Callable], family: str = "canvasagent") -> str:
+    """The system turn exactly as the template renders it for GRPO (base prompt + tool block)."""
+    rendered = processor.apply_chat_template(
+        [{"role": "system", "content": _text(base_system_prompt(family))}, {"role": "user", "content": _text("x")}],
+        tools=tool_fns,
+        tokenize=False,
+    )
+    start = "<|im_start|>system\n"
+    if not rendered.startswith(start):
+        raise ValueError("the chat template does not open with a system turn; only Qwen3-VL-style templates are supported")
+    return rendered[len(start) : rendered.index("<|im_end|>")]
+
+
+def user_content(task: Task) -> list[dict[str, Any]]:
+    """User turn with image placeholders (filled from the row's `images` by TRL)."""
+    content: list[dict[str, Any]] = []
+    for i in range(1, len(task.images) + 1):
+        content += [{"type": "text", "text": f"img_{i}:"}, {"type": "image"}]
+    content.append({"type": "text", "text": task.instruction})
+    return content
+
+
+def prompt_messages(task: Task, family: str = "canvasagent") -> list[Message]:
+    """GRPO prompt: system (no tool block; TRL renders it from the env methods) + user."""
+    return [
+        {"role": "system", "content": _text(base_system_prompt(family))},
+        {"role": "user", "content": user_content(task)},
+    ]
+
+
+def assistant_message(reply: str) -> Message:
+    """A protocol reply as a structured assistant turn (one well-formed call -> `tool_calls`)."""
+    parsed = parse_reply(reply)
+    call = parsed.call
+    if call is not None and not parsed.terminate and parsed.reason is not None and not parsed.findings:
+        return {
+            "role": "assistant",
+            "content": _text(f"<reason>{parsed.reason}</reason>"),
+            # Arguments as a JSON string: Arrow needs one struct type across rows (decoded in `fill_images`).
+            "tool_calls": [{"type": "function", "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}],
+        }
+    return {"role": "assistant", "content": _text(reply)}
+
+
+def sft_example(traj: Trajectory, system: str) -> dict[str, Any]:
+    """A trajectory as an SFT row: `messages` with image placeholders + `images` in placeholder order."""
+    messages: list[Message] = [
+        {"role": "system", "content": _text(system)},
+        {"role": "user", "content": user_content(traj.task)},
+    ]
+    images = list(traj.task.images)
+    for turn in traj.turns:
+        messages.append(assistant_message(turn.reply))
+        if turn.observation is None:  # a terminate turn gets no observation
+            continue
+        content: list[dict[str, Any]] = []
+        if turn.output_id is not None:
+            content.append({"type": "image"})
+            images.append(traj.assets.get(turn.output_id).image)
+        content += _text(turn.observation)
+        messages.append({"role": "tool", "name": turn.call.name if turn.call else "error", "content": content})
+    return {"messages": messages, "images": images}
+
+
+def fill_images(batch: dict[str, list]) -> dict[str, list]:
+    """`Dataset.with_transform`: embed tool-turn images as PIL, keep user images in `images`.
+
+    TRL fills placeholders only outside tool turns, so tool images must arrive embedded. Also
+    drops Arrow's None-valued keys (a `{"type": "image", "text": None}` block would otherwise
+    render as text) and decodes tool-call arguments.
+    """
+    from trl.trainer.utils import remove_none_values
+
+    out = {k: v for k, v in batch.items()}
+    out["messages"], out["images"] = [], []
+    for msgs, imgs in zip(batch["messages"], batch["images"]):
+        msgs = remove_none_values(msgs)
+        it = iter(imgs)
+        user_imgs = []
+        for m in msgs:
+            for part in m.get("content") or []:
+                if part.get("type") == "image" and "image" not in part:
+                    img = next(it)
+                    if m["role"] == "tool":
+                        part["image"] = img
+                    else:
+                        user_imgs.append(img)
+            for tc in m.get("tool_calls") or []:
+                if isinstance(tc["function"].get("arguments"), str):
+                    tc["function"]["arguments"] = json.loads(tc["function"]["arguments"])
+        out["messages"].append(msgs)
+        out["images"].append(user_imgs)
+    return out
+
+
+def content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text")
+
+
+def reply_text(message: Message) -> str:
+    """The raw text a model generated for a TRL assistant message (inverse of the template's rendering)."""
+    text = content_text(message.get("content"))
+    for i, tc in enumerate(message.get("tool_calls") or []):
+        fn = tc.get("function", tc)
+        args = fn.get("arguments")
+        args_json = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        if i > 0 or text:
+            text += "\n"
+        text += f'<tool_call>\n{{"name": "{fn.get("name")}", "arguments": {args_json}}}\n</tool_call>'
+    return text
+
+
+def policy_messages(episode_messages: list[Message], system: str) -> list[Message]:
+    """Episode messages (raw assistant text) in the training layout, for generating with a model."""
+    out: list[Message] = [{"role": "system", "content": _text(system)}]
+    for m in episode_messages:
+        if m["role"] == "system":
+            continue
+        out.append(m)
+    return out

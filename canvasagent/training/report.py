@@ -1,0 +1,61 @@
+"""Pipeline report: metrics table (Markdown + JSON) and curves (PNG)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+COLUMNS = ("format_validity", "rule", "hybrid", "align", "aes", "traj", "success", "terminated", "calls_per_task")
+ROWS = (("eval_base", "before SFT (base)"), ("eval_sft", "after SFT"), ("eval_grpo", "after GRPO"))
+
+
+def metrics_table(results: dict[str, Any]) -> tuple[str, dict[str, dict[str, float]]]:
+    rows: dict[str, dict[str, float]] = {}
+    lines = ["| stage | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for key, label in ROWS:
+        r = results.get(key)
+        if not r:
+            continue
+        m = r["metrics"]
+        rows[label] = {c: m.get(c, float("nan")) for c in COLUMNS}
+        lines.append(f"| {label} | " + " | ".join(f"{m.get(c, float('nan')):.3f}" for c in COLUMNS) + " |")
+    return "\n".join(lines), rows
+
+
+def _history(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
+    from canvasagent.training.callbacks import plot_curves
+
+    out = Path(out)
+    table, rows = metrics_table(results)
+    sft_png = plot_curves(_history(out / "sft" / "metrics.jsonl"), out / "report" / "sft_curves.png", "SFT")
+    grpo_png = plot_curves(_history(out / "grpo" / "metrics.jsonl"), out / "report" / "grpo_curves.png", "GRPO rewards")
+    timings = {k: v.get("seconds") for k, v in results.items() if v}
+    md = [
+        "# CanvasAgent pipeline report",
+        "",
+        "Held-out templated tasks, greedy decoding, offline judges "
+        f"(scorer: {next((v.get('scorer') for v in results.values() if v and v.get('scorer')), 'n/a')}).",
+        "",
+        table,
+        "",
+        "Stage wall time (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()),
+        "",
+    ]
+    if sft_png:
+        md.append("![SFT curves](sft_curves.png)")
+    if grpo_png:
+        md.append("![GRPO reward curves](grpo_curves.png)")
+    (out / "report").mkdir(parents=True, exist_ok=True)
+    md_path = out / "report" / "report.md"
+    md_path.write_text("\n".join(md) + "\n")
+    json_path = out / "report" / "metrics.json"
+    json_path.write_text(json.dumps({"metrics": rows, "timings": timings}, indent=2))
+    return {"markdown": str(md_path), "json": str(json_path), "curves": [str(p) for p in (sft_png, grpo_png) if p],
+            "metrics": rows}

@@ -1,0 +1,63 @@
+"""SFT with TRL's SFTTrainer: multi-turn tool trajectories, assistant-only loss, full FT or LoRA."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from canvasagent.training.callbacks import CompleteCheckpoints, RewardCurves
+from canvasagent.training.common import (
+    common_trl_args,
+    last_checkpoint,
+    load_model_and_processor,
+    peft_config,
+    save_final,
+    workspace,
+)
+from canvasagent.training.config import TrainConfig
+from canvasagent.training.data import sft_dataset
+from canvasagent.training.messages import system_text
+
+log = logging.getLogger(__name__)
+
+
+def sft_args(cfg: TrainConfig, with_deepspeed: bool = True):
+    from trl import SFTConfig
+
+    return SFTConfig(
+        **common_trl_args(cfg, with_deepspeed),
+        # Loss only on assistant turns: TRL swaps in its qwen3_vl training template, whose
+        # generation markers exclude system, user and tool turns (tool images included).
+        assistant_only_loss=True,
+        max_length=cfg.max_length,
+    )
+
+
+def build_sft_trainer(cfg: TrainConfig, callbacks: list | None = None):
+    from trl import SFTTrainer
+
+    ws = workspace(cfg)
+    model, processor = load_model_and_processor(ws)
+    system = system_text(processor, ws.tool_fns, cfg.tools.family)
+    train = sft_dataset(cfg, system, ws.toolbox_factory)
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_args(cfg),
+        train_dataset=train,
+        processing_class=processor,
+        peft_config=peft_config(cfg),
+        callbacks=[RewardCurves(ws.output_dir), CompleteCheckpoints(ws.model_path), *(callbacks or [])],
+    )
+    return trainer, processor, ws
+
+
+def run_sft(cfg: TrainConfig, callbacks: list | None = None) -> dict[str, Any]:
+    trainer, processor, ws = build_sft_trainer(cfg, callbacks)
+    ckpt = last_checkpoint(ws.output_dir) if cfg.run.resume else None
+    if ckpt:
+        log.info("resuming SFT from %s", ckpt)
+    result = trainer.train(resume_from_checkpoint=ckpt)
+    final = save_final(trainer, processor, ws.model_path, ws.output_dir / "final")
+    log.info("SFT done: %d steps, loss %.4f -> %s", trainer.state.global_step, result.training_loss, final)
+    return {"final": str(final), "global_step": trainer.state.global_step, "train_loss": result.training_loss,
+            "log_history": trainer.state.log_history}
