@@ -12,7 +12,7 @@ from PIL import Image
 
 from rewards.config import HttpJudgeConfig, JudgeConfig, RewardConfig
 from rewards.hybrid import COMPONENTS, HybridReward, reward_functions, trl_reward_setup
-from tests.rewards.helpers import DONE, R, gradient, mask, run
+from tests.rewards.helpers import DONE, R, mask, run
 from tests.rewards.stub_openai import StubServer
 from toolserver.toolbox import RecordedOutput
 

@@ -296,3 +296,21 @@ def test_weights_are_configurable():
     cfg.penalties.error.scale = 0.3
     b = score_rule(run([R("bad", "Crop", {"image": "img_1"}), DONE]), cfg)
     assert b.r_rule == A(0.5 * 1 + 0.5 * 0.65 - 0.3)
+
+
+def test_calls_made_through_call_tool_have_unobserved_format():
+    # TRL parses calls itself and executes them with Episode.call_tool: no reply text, no findings.
+    from canvasagent.config import make_toolbox
+    from canvasagent.episode import Episode
+    from canvasagent.tasks import Task
+
+    ep = Episode(make_toolbox("offline"))
+    ep.reset(Task("Mirror it.", images=[gradient()], expected_tools=["Flip"]))
+    ep.call_tool("Flip", {"image": "img_1"})
+    ep.call_tool("Crop", {"image": "Flip_0", "bbox": [0, 0, 500, 500]})
+    traj = ep.finish("terminate")
+    b = rule(traj)
+    assert b.n_format_turns == 0 and "format_unobserved" in b.reasons
+    assert b.r_format == 0.0 and b.r_action == A(1.0)
+    assert [c.output_id for c in b.calls] == ["Flip_0", "Crop_0"]
+    assert b.r_rule == A(0.6)
