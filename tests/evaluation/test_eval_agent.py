@@ -71,10 +71,11 @@ def test_offline_agent_on_a_tool(agent_config, tmp_path):
     records = json.loads((tmp_path / "ea" / "ea_cot.json").read_text())
     assert len(records) == len(result.rounds) + 1
     assert [m["role"] for m in records[0]["messages"]] == ["system", "user", "assistant"]
-    assert "(none)" in records[0]["messages"][1]["content"]
-    assert records[0]["messages"][2]["content"].endswith("<tool>portrait orientation</tool>")
-    assert "<information>" in records[1]["messages"][1]["content"]
-    last = records[-1]["messages"][2]["content"]
+    text = lambda rec, i: rec["messages"][i]["content"][0]["text"]  # noqa: E731
+    assert "(none)" in text(records[0], 1)
+    assert text(records[0], 2).endswith("<tool>portrait orientation</tool>")
+    assert "<information>" in text(records[1], 1)
+    last = text(records[-1], 2)
     assert last.startswith("<think>") and "<summary>" in last and records[-1]["images"] == []
 
 
@@ -126,3 +127,16 @@ def test_evaluate_cli(tmp_path, agent_config, capsys):
     assert "[round 1] portrait orientation" in text and "[stop]" in text
     assert {p.name for p in out.iterdir()} >= {"result.json", "rounds.json", "summary.md", "ea_cot.json", "samples"}
     assert cli_main(["evaluate", "x", "--target", "nope:1", "--config", agent_config, "--out", str(out)]) == 2
+
+
+def test_ea_cot_records_render_with_the_policy_chat_template(tmp_path, agent_config, tiny_qwen3vl_dir):
+    from canvasagent.models.loading import load_processor
+
+    build_agent("Crop", tmp_path / "ea", config=agent_config, scorer=fake_score).run("portrait orientation?")
+    records = json.loads((tmp_path / "ea" / "ea_cot.json").read_text())
+    processor = load_processor(tiny_qwen3vl_dir)
+    for rec in records:
+        ids = processor.apply_chat_template(rec["messages"], tokenize=True, return_dict=True)["input_ids"]
+        text = processor.decode(ids if isinstance(ids[0], int) else ids[0])
+        answer = rec["messages"][2]["content"][0]["text"]
+        assert text.count("<|im_start|>") == 3 and answer[:40] in text
