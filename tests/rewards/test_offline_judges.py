@@ -228,3 +228,16 @@ def test_vacuous_terms_drop_out():
     res = traj_score(run([R("x", "Nope", {"image": "img_1"}), DONE], expected=["Crop"]))
     assert res.score == 0.0 and "order" not in res.details
     assert traj_score(run([FLIP, DONE])).score == 1.0  # nothing expected, nothing to violate, one success
+
+
+def test_ocr_contains_with_the_real_offline_ocr():
+    pytest.importorskip("rapidocr")
+    white = Image.new("RGB", (400, 200), (255, 255, 255))
+    checks = [{"type": "ocr_contains", "text": "big sale"}, {"type": "ocr_contains", "text": "free pizza", "fuzzy": False}]
+    traj = run([R("text", "Overlayer", {"base_image": "img_1", "overlay_type": "text", "content": "BIG SALE"}), DONE],
+               images=[white], checks=checks)
+    res = OfflineJudge(OfflineJudgeConfig(tools="offline")).judge("alignment", TrajectoryView.of(traj))
+    if res.fallback:
+        pytest.skip(f"offline OCR backend unavailable: {res.reason}")
+    assert res.details["check/ocr_contains"] == 1.0 and res.details["check/ocr_contains_2"] == 0.0
+    assert res.score == pytest.approx(0.5)
