@@ -1,0 +1,175 @@
+"""Per-call overhead of the Ray handle and of HTTP over in-process, for Flip.
+
+    python benchmarks/toolserver.py [--sizes 512 1024] [--n 200] [--inflight 8]
+
+Starts a local Ray with a pure-tools-only app (no model processes), then reports, per image
+size, the median latency in-process, through the handle (`RayToolbox`) and over HTTP
+(`HttpToolbox`), the overhead over in-process, and the overhead above Ray's own floor,
+measured on the same app with an empty request (no image). For scale it also times a bare Ray
+actor flipping the same array (what moving these bytes through Ray costs with no Serve and no
+toolserver code) and our wire pack/unpack alone. Then throughput with `--inflight` calls in
+flight from threads. Goal: handle overhead above the floor <= 1 ms at 512^2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from toolserver.request import ToolRequest  # noqa: E402
+
+
+def median_ms(fn: Callable[[], object], n: int, warmup: int = 10) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def throughput(fn: Callable[[], object], inflight: int, total: int) -> float:
+    with ThreadPoolExecutor(inflight) as pool:
+        list(pool.map(lambda _: fn(), range(inflight * 2)))  # warm every thread's path
+        t0 = time.perf_counter()
+        list(pool.map(lambda _: fn(), range(total)))
+        return total / (time.perf_counter() - t0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[512, 1024])
+    ap.add_argument("--n", type=int, default=200, help="calls per median")
+    ap.add_argument("--inflight", type=int, default=8)
+    ap.add_argument("--total", type=int, default=200, help="calls per throughput run")
+    ap.add_argument("--replicas", type=int, default=1, help="replicas of the pure-tools deployment")
+    ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    args = ap.parse_args()
+
+    import httpx
+    import ray
+    from ray import serve
+
+    from toolserver.client import HttpToolbox, RayToolbox
+    from toolserver.http_codec import decode_image, encode_image
+    from toolserver.serve_app import deploy
+    from toolserver.serve_config import PURE_DEPLOYMENT, ServeConfig
+    from toolserver.toolbox import LocalToolbox
+    from toolserver.wire import WireRequest, WireResult
+
+    @ray.remote(num_cpus=0.1)
+    class BareFlip:
+        def flip(self, arr: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(arr[:, ::-1])
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.1})
+    class BareServeFlip:
+        async def __call__(self, arr: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(arr[:, ::-1])
+
+    def wire_round_trip(req: ToolRequest) -> None:
+        res = local.call(WireRequest.pack(req).unpack())
+        WireResult.pack(res).unpack()
+
+    cfg = ServeConfig.from_dict(
+        {
+            "app_name": "toolserver_bench",
+            "pure_mode": "shared",
+            "pure": {"num_replicas": args.replicas, "ray_actor_options": {"num_cpus": 0.1}, "max_ongoing_requests": 32},
+            "http": {"port": _free_port(), "ray_actor_options": {"num_cpus": 0.1}},
+        }
+    )
+    local = LocalToolbox()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    report: dict = {"sizes": {}, "inflight": args.inflight}
+    try:
+        deploy(cfg)
+        rbox = RayToolbox(app_name=cfg.app_name)
+        bare = BareFlip.remote()
+        bare_serve = serve.run(BareServeFlip.bind(), name="bare_serve_flip", route_prefix=None)
+        hbox = HttpToolbox(f"http://127.0.0.1:{cfg.http.port}")
+        handle = serve.get_deployment_handle(PURE_DEPLOYMENT, cfg.app_name)
+        empty = WireRequest("NotServedHere", {})  # returns at once: the Ray round-trip floor
+        ray_floor = median_ms(lambda: handle.remote(empty).result(), args.n)
+        with httpx.Client() as c:
+            http_floor = median_ms(lambda: c.get(f"http://127.0.0.1:{cfg.http.port}/healthz"), args.n)
+        report["floor_ms"] = {"handle": ray_floor, "http": http_floor}
+        print(f"floor (empty round trip): handle {ray_floor:.2f} ms, HTTP {http_floor:.2f} ms")
+        print(
+            "ms, medians. h-ovh = handle - in-process; bare-Ray / bare-Serve = a plain actor / a plain deployment "
+            "flipping the array (no toolserver code); wire = our pack/unpack"
+        )
+        print(f"{'size':>6} {'in-proc':>8} {'handle':>8} {'HTTP':>8} {'h-ovh':>8} {'h-ovh-floor':>11} {'HTTP-ovh':>9} {'bare-Ray':>9} {'bare-Serve':>10} {'h-bareS':>8} {'wire':>6} {'PNG rt':>7}   ratios h/in, HTTP/in")
+        rng = np.random.default_rng(0)
+        for size in args.sizes:
+            img = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
+            req = ToolRequest("Flip", {"image": "img_1"}, {"image": img})
+            assert rbox.call(req).ok and hbox.call(req).ok
+            n = max(20, args.n * 512 * 512 // (size * size))
+            t_in = median_ms(lambda: local.call(req), n)
+            t_h = median_ms(lambda: rbox.call(req), n)
+            t_http = median_ms(lambda: hbox.call(req), n)
+            t_png = median_ms(lambda: decode_image(encode_image(img), size * size), max(10, n // 4), warmup=2)
+            t_bare = median_ms(lambda: Image.fromarray(ray.get(bare.flip.remote(np.asarray(img)))), n)
+            t_wire = median_ms(lambda: wire_round_trip(req), n)
+            t_bare_serve = median_ms(lambda: Image.fromarray(bare_serve.remote(np.asarray(img)).result()), n)
+            row = {
+                "in_process_ms": t_in,
+                "handle_ms": t_h,
+                "http_ms": t_http,
+                "handle_overhead_ms": t_h - t_in,
+                "handle_overhead_above_floor_ms": t_h - t_in - ray_floor,
+                "http_overhead_ms": t_http - t_in,
+                "png_round_trip_ms": t_png,
+                "bare_ray_actor_ms": t_bare,
+                "wire_pack_unpack_ms": t_wire,
+                "bare_serve_deployment_ms": t_bare_serve,
+                "handle_over_bare_serve_ms": t_h - t_bare_serve,
+            }
+            report["sizes"][size] = row
+            print(
+                f"{size:>6} {t_in:>8.2f} {t_h:>8.2f} {t_http:>8.2f} {t_h - t_in:>8.2f} {t_h - t_in - ray_floor:>11.2f} "
+                f"{t_http - t_in:>9.2f} {t_bare:>9.2f} {t_bare_serve:>10.2f} {t_h - t_bare_serve:>8.2f} {t_wire:>6.2f} {t_png:>7.2f}   {t_h / t_in:6.1f}x {t_http / t_in:6.1f}x"
+            )
+        size = args.sizes[0]
+        img = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
+        req = ToolRequest("Flip", {"image": "img_1"}, {"image": img})
+        tp = {name: throughput(lambda b=box: b.call(req), args.inflight, args.total) for name, box in (("in_process", local), ("handle", rbox), ("http", hbox))}
+        report["throughput_calls_per_s"] = {"size": size, **tp}
+        print(f"throughput at {size}^2, {args.inflight} in flight (calls/s): " + ", ".join(f"{k} {v:.0f}" for k, v in tp.items()))
+        print(f"  ratios: handle/in-process {tp['handle'] / tp['in_process']:.2f}, HTTP/in-process {tp['http'] / tp['in_process']:.2f}")
+        rbox.close()
+        hbox.close()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
