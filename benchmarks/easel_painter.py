@@ -27,15 +27,24 @@ def main() -> None:
     ap.add_argument("--categories", default=",".join(tasks.CATEGORIES))
     ap.add_argument("--config", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a painter setting, e.g. --set iters_full=120")
+    ap.add_argument("--policies", default="blank,mean-fill,dominant-fill,painter")
     args = ap.parse_args()
     cfg = bench.load_config(args.config)
+    over = {}
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        over[k] = type(getattr(cfg.painter, k))(v)
+    cfg = replace(cfg, painter=replace(cfg.painter, **over))
     cfg = replace(cfg, n_per_category=args.n_per_category, workers=args.workers,
                   categories=tuple(args.categories.split(",")),
                   budgets=tuple(b if b == "aligned" else int(b) for b in args.budgets.split(",")))
     suite = tasks.reconstruction_suite(cfg.n_per_category, cfg.seed, cfg.categories, cfg.natural_dir)
     print(f"{len(suite)} references, workers={cfg.workers}, budgets={cfg.budgets}")
     results, walls = [], {}
-    for policy in ("blank", "mean-fill", "dominant-fill", "painter"):
+    print("painter:", cfg.painter)
+    for policy in args.policies.split(","):
         t0 = time.perf_counter()
         out = None if args.out is None else os.path.join(args.out, policy)
         results += bench.run(policy, cfg, out, suite=suite)

@@ -124,7 +124,8 @@ def run(policy: str, cfg: BenchConfig, out_dir: str | Path | None = None,
     modes = list(cfg.budgets) if policy == "painter" else ["aligned"]
     jobs = [(t, policy, m, cfg.painter) for m in modes for t in suite]
     t0 = time.perf_counter()
-    if cfg.workers > 1 and len(jobs) > 1:
+    # anchors are instant: worker start-up would dominate, so run them inline
+    if cfg.workers > 1 and len(jobs) > 1 and policy == "painter":
         with mp.get_context("spawn").Pool(min(cfg.workers, len(jobs))) as pool:
             outs = pool.map(_job, jobs, chunksize=1)
     else:

@@ -44,6 +44,7 @@ class PainterConfig:
     iters_low: int = 160
     iters_full: int = 80
     lr: float = 0.008
+    lr_final_frac: float = 0.1  # cosine decay of the step size within each stage
     ssim_weight: float = 0.5
     opt_k: int = 10  # cheaper rasterisation inside the optimisation loop
     opt_golden: int = 6
@@ -160,6 +161,10 @@ def _optimise(p0: np.ndarray, ref: np.ndarray, iters: int, cfg: PainterConfig, r
     p = torch.tensor(p0, dtype=torch.float32, requires_grad=True)
     opt = torch.optim.Adam([p], lr=cfg.lr)
     for it in range(iters):
+        # cosine decay: large moves early, fine convergence at the end
+        frac = cfg.lr_final_frac + (1 - cfg.lr_final_frac) * 0.5 * (1 + math.cos(math.pi * it / max(1, iters)))
+        for grp in opt.param_groups:
+            grp["lr"] = cfg.lr * frac
         img = render.render_sequence(p, res, res, k=cfg.opt_k, golden_steps=cfg.opt_golden)
         loss = ((img - ref_t) ** 2).mean() + cfg.ssim_weight * (1 - ssim_torch(img, ref_t))
         opt.zero_grad(set_to_none=True)
