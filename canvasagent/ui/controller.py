@@ -7,6 +7,7 @@ gallery (imglist IDs with provenance), the rollback choices and the download fil
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -40,9 +41,9 @@ class UIConfig:
 @dataclass
 class View:
     log_md: str
-    gallery: list[tuple[Image.Image, str]]
+    gallery: list[tuple[Any, str]]  # (image file path, caption)
     asset_ids: list[str]
-    final_image: Image.Image | None
+    final_image: Any  # file path of the final image, or None
     files: list[str]
     status: str
 
@@ -80,12 +81,28 @@ class UIController:
         state = status or (f"finished ({s.trajectory.stop_reason})" if s.done else f"running · turn {len(s.trajectory.turns)}")
         return View(
             "\n\n".join(st.log) or "_Session started. Press **Step** or **Run**._",
-            [(a.image, provenance_caption(a)) for a in assets],
+            [(self._still(st, a.image), provenance_caption(a)) for a in assets],
             [a.id for a in assets],
-            final.image if final is not None else None,
+            self._still(st, final.image) if final is not None else None,
             files,
             state,
         )
+
+    @staticmethod
+    def _still(st: UIState, image: Image.Image) -> Any:
+        """An image as a write-once file named by its content. Gradio rewrites the cache file of a
+        PIL output on every update, and a browser fetching it meanwhile gets a truncated image;
+        a path is copied into the cache only once."""
+        if st.dir is None:
+            return image
+        digest = hashlib.sha1(f"{image.mode}{image.size}".encode() + image.tobytes()).hexdigest()[:20]
+        path = st.dir / "view" / f"{digest}.png"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            image.save(tmp, format="PNG")
+            tmp.replace(path)
+        return str(path)
 
     @staticmethod
     def _exports(st: UIState) -> list[str]:

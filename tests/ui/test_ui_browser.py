@@ -83,7 +83,19 @@ def test_upload_run_replay_and_gallery(app, browser, tmp_path):
     assert "trajectory-" in downloads and "Crop_0" in downloads
     browser.save_screenshot(str(tmp_path / "ui.png"))
 
+    # Roll back to Flip_0 from the page: later assets disappear from the gallery and the imglist.
+    box = browser.find_element(By.CSS_SELECTOR, "#rollback-target input")
+    box.click()
+    option = _wait(lambda: browser.find_element(By.CSS_SELECTOR, "#rollback-target li[data-testid=dropdown-option][aria-label='Flip_0']"), what="the Flip_0 option")
+    option.click()
+    browser.find_element(By.ID, "rollback").click()
+    _wait(lambda: browser.find_element(By.CSS_SELECTOR, "#asset-ids textarea").get_attribute("value").split() == ["img_1", "Flip_0"], what="the rollback")
+    _wait(lambda: len(browser.find_element(By.ID, "asset-gallery").find_elements(By.TAG_NAME, "img")) == 2, what="two gallery images")
+    assert "rolled back to Flip_0" in browser.find_element(By.ID, "steps").text
+
     (session_dir,) = list(runs.iterdir())
     traj = Trajectory.load(session_dir)
-    assert traj.tool_sequence == ["Flip", "Crop"] and traj.stop_reason == "terminate"
-    assert traj.assets.get("Crop_0").size == (32, 40)
+    assert traj.tool_sequence == ["Flip"] and traj.assets.ids() == ["img_1", "Flip_0"]
+    assert traj.meta["rollbacks"] == [{"to": "Flip_0", "dropped_turns": 2}]
+    final = sorted((session_dir / "export").glob("final-*Crop_0.png"))
+    assert final and Image.open(final[0]).size == (32, 40)  # the download made before the rollback
