@@ -9,6 +9,7 @@ in-process.
 import asyncio
 import hashlib
 import hmac
+import importlib
 import json
 import logging
 import time
@@ -24,7 +25,7 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolserver import http_codec
-from toolserver.backends import build_backend
+from toolserver.backends import BACKEND_FACTORIES, build_backend
 from toolserver.registry import REGISTRY, Backend
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -37,6 +38,15 @@ log = logging.getLogger(__name__)
 INGRESS_NAME = "Ingress"
 # Errors after which the same call may succeed on another (or a restarted) replica.
 RETRYABLE = (RayActorError, DeploymentUnavailableError, BackPressureError)
+
+
+def load_backend(name: str, params: dict[str, Any]) -> Any:
+    """A registered backend name, or "module:factory" for one that is not registered (custom
+    backends, the serving probe) without editing toolserver.backends."""
+    if name in BACKEND_FACTORIES or ":" not in name:
+        return build_backend(name, params)
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)(**params)
 
 
 def token_digest(token: str | None) -> str | None:
@@ -61,7 +71,7 @@ class ToolDeployment:
         fn = None
         if any(REGISTRY[t].backend is Backend.MODEL for t in tools):
             assert len(tools) == 1 and backend, f"{tools}: a model tool is deployed alone and with a backend"
-            fn = build_backend(backend, params)
+            fn = load_backend(backend, params)
         self.backend_name = backend or "pure"
         self.fn = fn
         self.box = LocalToolbox(backends={self.tool: fn} if fn is not None else {}, max_output_pixels=max_pixels)

@@ -40,7 +40,7 @@ class Mode(str, Enum):
 class ToolServeConfig:
     """How one tool is served. Fields mirror Ray Serve's deployment options where they exist."""
 
-    backend: str | None = None  # model tools: a name in toolserver.backends.BACKEND_FACTORIES
+    backend: str | None = None  # model tools: a name in toolserver.backends.BACKEND_FACTORIES, or "module:factory"
     params: dict[str, Any] = field(default_factory=dict)
     mode: str | None = None  # pure tools: deployment | caller; None means ServeConfig.pure_mode
     ray_actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0.1})
@@ -293,7 +293,7 @@ def check_placement(cfg: ServeConfig, known_backends: set[str] | None = None) ->
             if cfg.require_all_model_tools:
                 rep.errors.append(f"{spec.name}: model tool has no backend (require_all_model_tools is set)")
     for name, (served, tcfg) in cfg.deployments().items():
-        if known_backends is not None and tcfg.backend and tcfg.backend not in known_backends:
+        if known_backends is not None and tcfg.backend and tcfg.backend not in known_backends and ":" not in tcfg.backend:
             rep.errors.append(f"{name}: unknown backend {tcfg.backend!r}; registered: {', '.join(sorted(known_backends)) or 'none'}")
         rep.cpus += tcfg.num_cpus * tcfg.max_replicas
         frac = tcfg.num_gpus

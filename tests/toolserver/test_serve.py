@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 
+import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.ray
 TOKEN = "test-token-not-secret"
 MAX_PIXELS = 1_000_000
 MAX_BYTES = 2 * 1024 * 1024
+PROBE = "toolserver.serve_probe:batch_probe"
 
 
 def _free_port() -> int:
@@ -50,6 +52,10 @@ def served():
     cfg.http.port = _free_port()
     cfg.http.max_request_bytes = MAX_BYTES
     cfg.max_pixels = MAX_PIXELS
+    # Grounding has no offline weights; the probe backend (plumbing only) exercises @serve.batch.
+    probe = cfg.tools["Grounding"]
+    probe.backend, probe.params = PROBE, {"delay_s": 0.05}
+    probe.max_batch_size, probe.batch_wait_timeout_s = 4, 0.2
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         deploy(cfg, TOKEN)
@@ -95,6 +101,21 @@ def _mask(size: tuple[int, int]) -> Image.Image:
     return m
 
 
+def _sr_pair() -> tuple[Image.Image, Image.Image]:
+    """A 256x128 drawing and its 4x bicubic reduction, the SR input."""
+    hi = Image.new("RGB", (256, 128), "white")
+    d = ImageDraw.Draw(hi)
+    d.ellipse([10, 10, 110, 110], fill=(200, 40, 40))
+    d.rectangle([130, 20, 240, 60], fill=(30, 90, 200))
+    d.text((130, 70), "SR 4x", font=dejavu_sans(36), fill="black")
+    return hi, hi.resize((64, 32), Image.Resampling.BICUBIC)
+
+
+def _psnr(a: Image.Image, b: Image.Image) -> float:
+    err = np.mean((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) ** 2)
+    return float(10 * np.log10(255**2 / err))
+
+
 def _text_image() -> Image.Image:
     img = Image.new("RGB", (360, 90), "white")
     ImageDraw.Draw(img).text((20, 15), "HELLO 42", font=dejavu_sans(48), fill="black")
@@ -104,7 +125,7 @@ def _text_image() -> Image.Image:
 def sample_request(tool: str) -> ToolRequest:
     """A valid call for any registry tool, derived from its argument specs."""
     spec = REGISTRY[tool]
-    base = _text_image() if tool == "OCR" else _photo()
+    base = _text_image() if tool == "OCR" else _sr_pair()[1] if tool == "SR" else _photo()
     args, images = {}, {}
     for a in spec.args:
         if a.type is ArgType.ASSET:
@@ -141,7 +162,7 @@ def test_health_and_tool_listing_come_from_the_registry(url):
 
 
 @pytest.mark.parametrize("tool", [t.name for t in servable_tools()])
-def test_every_tool_through_handle_and_http(tool, ray_box, http_box):
+def test_every_tool_through_handle_and_http(tool, served, ray_box, http_box):
     req = sample_request(tool)
     via_handle, via_http = ray_box.call(req), http_box.call(req)
     spec = REGISTRY[tool]
@@ -154,12 +175,32 @@ def test_every_tool_through_handle_and_http(tool, ray_box, http_box):
         elif tool == "OCR":
             assert res.ok, res.text
             assert "HELLO" in res.text.upper() and "42" in res.text
-        elif tool == "SR":
+        elif tool == "SR":  # real x4plus weights: 4x the size and closer to the original than bicubic
             assert res.ok, res.text
-            assert res.image.size == (4 * req.images["image"].width, 4 * req.images["image"].height)
+            hi, lo = _sr_pair()
+            assert res.image.size == hi.size
+            assert _psnr(res.image, hi) > _psnr(lo.resize(hi.size, Image.Resampling.BICUBIC), hi) + 1.0
+        elif served.tools[tool].backend == PROBE:
+            assert res.ok and res.plumbing_only and res.backend == "probe", res
         else:  # no offline weights: a clear failure, never a fake image
             assert not res.ok and res.error_code == "backend_not_configured", res
             assert tool in res.text and res.image is None
+
+
+def test_dynamic_batching_groups_concurrent_calls(ray_box, http_box):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def call(i: int):
+        req = sample_request("Grounding")
+        req.args["reference_text"] = f"object {i}"
+        return i, (ray_box if i % 2 else http_box).call(req)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(call, range(8)))
+    assert all(r.ok and r.plumbing_only for _, r in results)
+    # Each caller gets its own answer back, whatever batch it rode in.
+    assert all(r.data["args"]["reference_text"] == f"object {i}" for i, r in results)
+    assert max(r.data["batch_size"] for _, r in results) > 1
 
 
 def test_make_toolbox_builds_remote_clients(served, url, monkeypatch):

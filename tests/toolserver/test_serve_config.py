@@ -268,7 +268,11 @@ def _ray_box(handle) -> RayToolbox:
 
     box = RayToolbox.__new__(RayToolbox)  # no cluster: exercise the call path with a fake handle
     box.retry, box._retryable, box.max_pixels = FAST, (RayActorError,), 10_000
-    box.manifest = {"Flip": {"mode": "deployment", "timeout_s": 1.0, "deployment": "PureTools"}, "SAM": {"mode": "unconfigured", "timeout_s": 1.0, "deployment": None}}
+    box.manifest = {
+        "Flip": {"mode": "deployment", "timeout_s": 1.0, "deployment": "PureTools"},
+        "Crop": {"mode": "caller", "timeout_s": 1.0, "deployment": None},
+        "SAM": {"mode": "unconfigured", "timeout_s": 1.0, "deployment": None},
+    }
     box.handles, box.local = {"Flip": handle}, LocalToolbox()
     return box
 
@@ -290,6 +294,9 @@ def test_ray_client_retries_dead_replicas_and_maps_timeouts():
     boom = _ray_box(_FakeHandle([RuntimeError("bug")])).call(_flip())
     assert not boom.ok and boom.error_code == "toolserver_error"
     assert _ray_box(_FakeHandle([])).call(ToolRequest("SAM", {}, {})).error_code == "backend_not_configured"
+    crop = ToolRequest("Crop", {"image": "img_1", "bbox": [0.0, 0.0, 500.0, 500.0]}, {"image": Image.new("RGB", (8, 8))})
+    local = _ray_box(_FakeHandle([])).call(crop)  # caller mode: runs here, no handle call
+    assert local.ok and local.image.size == (4, 4)
     assert _ray_box(_FakeHandle([])).call(ToolRequest("Nope", {}, {})).error_code == "unknown_tool"
     big = ToolRequest("Flip", {}, {"image": Image.new("L", (200, 200))})
     assert _ray_box(_FakeHandle([])).call(big).error_code == "too_many_pixels"

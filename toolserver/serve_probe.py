@@ -1,0 +1,40 @@
+"""A backend that exercises the serving path itself: dynamic batching, replica identity.
+
+It runs no model. Every result is `plumbing_only`, so nothing it returns can count as a real
+tool output; the serving tests attach it to a model tool as `toolserver.serve_probe:batch_probe`
+to check that `@serve.batch` really groups concurrent calls.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from toolserver.registry import REGISTRY
+from toolserver.request import ToolRequest
+from toolserver.results import ToolResult
+
+
+class BatchProbe:
+    plumbing_only = True
+
+    def __init__(self, delay_s: float = 0.0):
+        self.delay_s = delay_s  # per call, so tests can hold a replica busy
+
+    def _result(self, req: ToolRequest, batch_size: int) -> ToolResult:
+        text = f"probe: {req.tool} served in a batch of {batch_size} by pid {os.getpid()}"
+        data: dict[str, Any] = {"batch_size": batch_size, "pid": os.getpid(), "args": dict(req.args)}
+        return ToolResult(True, text, REGISTRY[req.tool].output, data=data, plumbing_only=True, backend="probe")
+
+    def __call__(self, req: ToolRequest) -> ToolResult:
+        time.sleep(self.delay_s)
+        return self._result(req, 1)
+
+    def batch_call(self, reqs: list[ToolRequest]) -> list[ToolResult]:
+        time.sleep(self.delay_s)
+        return [self._result(r, len(reqs)) for r in reqs]
+
+
+def batch_probe(**params: Any) -> BatchProbe:
+    return BatchProbe(**params)
