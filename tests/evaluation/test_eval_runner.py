@@ -142,3 +142,19 @@ def test_public_rl_record_with_checks_and_labels(tmp_path):
     assert t.labels == {"reasoning": "easy", "length": "easy", "diversity": "easy"}
     assert t.checks == [{"type": "orientation", "value": "square"}]
     assert t.meta["reference_images"] == [str(tmp_path / "images" / "ref.png")] and t.meta["tone"] == "explicit"
+
+
+def test_eval_cli_with_the_tiny_hf_model(eval_split, tmp_path, tiny_qwen3vl_dir):
+    out = tmp_path / "hf"
+    spec = f"hf:{tiny_qwen3vl_dir}?max_new_tokens=16"
+    rc = cli_main(["eval", "--policy", spec, "--tasks", str(eval_split), "--limit", "2", "--max-turns", "3", "--max-invalid", "2", "--workers", "2", "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["summary"]["n_tasks"] == 2
+    for task in report["tasks"]:
+        # A random model emits garbage: the guard ends each episode with a clear reason, all saved.
+        assert task["n_turns"] <= 3
+        if task["stop_reason"] == "policy_error":
+            assert "invalid replies in a row" in task["error"]
+        traj = Trajectory.load(out / "trajectories" / task["task_id"])
+        assert len(traj.turns) == task["n_turns"]
