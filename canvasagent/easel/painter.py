@@ -52,6 +52,7 @@ class PainterConfig:
     radius_start: float = 0.45  # radius parameter of the first strokes
     radius_end: float = 0.04
     seed: int = 0
+    device: str = "cpu"  # "cuda" / "auto": same algorithm on a GPU (results differ in float rounding)
 
 
 @dataclass
@@ -62,8 +63,14 @@ class PaintResult:
     info: dict = field(default_factory=dict)
 
 
-def _to_t(img: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(img, dtype=np.float32)).permute(2, 0, 1)
+def _to_t(img: np.ndarray, device: str = "cpu") -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(img, dtype=np.float32)).permute(2, 0, 1).to(device)
+
+
+def _device(cfg: "PainterConfig") -> str:
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
 
 
 def _resize(img: np.ndarray, res: int) -> np.ndarray:
@@ -125,7 +132,8 @@ def greedy_init(ref_lo: np.ndarray, n: int, cfg: PainterConfig, rng: np.random.G
     """Sequential batched search at the working resolution -> (n, 13)."""
     import cv2
     h = ref_lo.shape[0]
-    ref_t = _to_t(ref_lo)
+    dev = _device(cfg)
+    ref_t = _to_t(ref_lo, dev)
     canvas = torch.ones_like(ref_t)
     strokes = np.zeros((n, 13), np.float32)
     with torch.no_grad():
@@ -133,13 +141,13 @@ def greedy_init(ref_lo: np.ndarray, n: int, cfg: PainterConfig, rng: np.random.G
             radius = _radius_schedule(i, n, cfg)
             sig = max(0.5, (render.R_MIN_PX + radius * (h * render.R_MAX_FRAC - render.R_MIN_PX)) * 0.5)
             ref_blur = cv2.GaussianBlur(ref_lo, (0, 0), sig)
-            err = ((canvas - ref_t) ** 2).sum(0).sqrt().numpy()
+            err = ((canvas - ref_t) ** 2).sum(0).sqrt().cpu().numpy()
             err = cv2.GaussianBlur(err, (0, 0), sig)
-            cand = torch.from_numpy(_propose(rng, err, ref_blur, radius, cfg.n_candidates).astype(np.float32))
+            cand = torch.from_numpy(_propose(rng, err, ref_blur, radius, cfg.n_candidates).astype(np.float32)).to(dev)
             outs = render.render_batch_onto(canvas, cand)
             loss = ((outs - ref_t.unsqueeze(0)) ** 2).mean(dim=(1, 2, 3))
             j = int(torch.argmin(loss))
-            strokes[i] = cand[j].numpy()
+            strokes[i] = cand[j].cpu().numpy()
             canvas = outs[j]
     return strokes
 
@@ -157,8 +165,9 @@ def _visibility(p: torch.Tensor, res: int, cfg: PainterConfig) -> torch.Tensor:
 def _optimise(p0: np.ndarray, ref: np.ndarray, iters: int, cfg: PainterConfig, rng: np.random.Generator,
               reseed: bool) -> np.ndarray:
     res = ref.shape[0]
-    ref_t = _to_t(ref)
-    p = torch.tensor(p0, dtype=torch.float32, requires_grad=True)
+    dev = _device(cfg)
+    ref_t = _to_t(ref, dev)
+    p = torch.tensor(p0, dtype=torch.float32, device=dev, requires_grad=True)
     opt = torch.optim.Adam([p], lr=cfg.lr)
     for it in range(iters):
         # cosine decay: large moves early, fine convergence at the end
@@ -178,15 +187,15 @@ def _optimise(p0: np.ndarray, ref: np.ndarray, iters: int, cfg: PainterConfig, r
             if dead:
                 with torch.no_grad():
                     img = render.render_sequence(p, res, res)
-                    err = ((img - ref_t) ** 2).sum(0).sqrt().numpy()
+                    err = ((img - ref_t) ** 2).sum(0).sqrt().cpu().numpy()
                     import cv2
                     err = cv2.GaussianBlur(err, (0, 0), 1.5)
                     blur = cv2.GaussianBlur(ref, (0, 0), 1.0)
                     new = _propose(rng, err, blur, cfg.radius_end * 2, len(dead))
-                    p[dead] = torch.from_numpy(new.astype(np.float32))
+                    p[dead] = torch.from_numpy(new.astype(np.float32)).to(dev)
                 opt = torch.optim.Adam([p], lr=cfg.lr)  # fresh moments for moved strokes
                 log.debug("re-seeded %d strokes", len(dead))
-    return p.detach().numpy().copy()
+    return p.detach().cpu().numpy().copy()
 
 
 def paint(ref: np.ndarray, n_strokes: int | None = None, cfg: PainterConfig | None = None) -> PaintResult:
