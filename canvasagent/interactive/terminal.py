@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from typing import Any, Callable
+from typing import Callable
 
 from canvasagent.episode import StepResult
 from canvasagent.interactive.session import Proposal, Session
