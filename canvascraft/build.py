@@ -44,6 +44,9 @@ class BuildConfig:
     tones: dict[str, float] = field(default_factory=lambda: {"explicit": 0.5, "implicit": 0.5})
     max_attempts: int = 4  # QC rejections tolerated per slot before the slot stays empty
     max_skips: int = 500  # redraws of chains that have no backend, per slot
+    # Inputs of chains with SR are downscaled to this side: SR is for small images, and a CPU
+    # Real-ESRGAN pass costs about 4 s per 100x100 input pixels squared (0: keep the size).
+    sr_input_side: int = 96
 
 
 @dataclass

@@ -192,7 +192,7 @@ def build_rl_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str, 
 
 
 def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dict[str, str], profile: Any, job: Any, slot: int) -> dict[str, Any] | str:
-    inputs = pick_inputs(chain, ctx.source, rng, profile)
+    inputs = pick_inputs(chain, ctx.source, rng, profile, cfg.sr_input_side)
     if inputs is None:
         return "source_lacks_" + "_".join(chain.needs)
     plan = make_plan(chain, inputs, rng, profile)

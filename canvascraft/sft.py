@@ -249,7 +249,7 @@ class SftOutcome:
     tone: str = ""
 
 
-def pick_inputs(chain: Chain, source: ImageSource, rng: random.Random, profile: Profile) -> list[SourceImage] | None:
+def pick_inputs(chain: Chain, source: ImageSource, rng: random.Random, profile: Profile, sr_input_side: int = 0) -> list[SourceImage] | None:
     wants = set()
     if "Rotate" in chain.tools:
         wants.add("rotated")
@@ -265,6 +265,10 @@ def pick_inputs(chain: Chain, source: ImageSource, rng: random.Random, profile: 
         got = source.sample(rng, frozenset(chain.needs) if k == 0 else frozenset(), frozenset(wants) if k == 0 else frozenset())
         if got is None:
             return None
+        if sr_input_side and "SR" in chain.tools and max(got.image.size) > sr_input_side:
+            got.image = got.image.copy()
+            got.image.thumbnail((sr_input_side, sr_input_side), Image.Resampling.LANCZOS)
+            got.meta["downscaled_for_sr"] = sr_input_side
         out.append(got)
     return out
 
@@ -280,9 +284,10 @@ def build_one(
     tone_mix: dict[str, float] | None = None,
     allow_plumbing: bool = False,
     max_turns: int = 12,
+    sr_input_side: int = 0,
 ) -> SftOutcome:
     profile = getattr(toolbox, "profile", Profile.CANVASCRAFT)
-    inputs = pick_inputs(chain, source, rng, profile)
+    inputs = pick_inputs(chain, source, rng, profile, sr_input_side)
     if inputs is None:
         return SftOutcome(False, ["source_lacks_" + "_".join(chain.needs)], chain)
     plan = make_plan(chain, inputs, rng, profile)
@@ -330,19 +335,26 @@ def build_sft_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str,
     rows: list[dict[str, Any]] = []
     for slot in range(job.start, job.stop):
         stats["slots"] += 1
+        task_id = f"sft-{job.seed}-{slot:06d}"
         for attempt in range(cfg.max_attempts):
             rng = random.Random(f"sft:{job.seed}:{slot}:{attempt}")
-            chain = ctx.chains.sample(rng)
-            skips = 0
-            while (missing := missing_backends(chain, ctx.toolbox)) and skips < cfg.max_skips:
-                _bump(stats["skipped_no_backend"], chain.name)
-                skips += 1
+            out = None
+            # Chains this toolbox or this image source cannot serve are redrawn, and counted,
+            # rather than spending a QC attempt on them.
+            for _ in range(cfg.max_skips):
                 chain = ctx.chains.sample(rng)
-            if missing:
-                break  # nothing in the mix can run with this toolbox
+                if missing_backends(chain, ctx.toolbox):
+                    _bump(stats["skipped_no_backend"], chain.name)
+                    continue
+                out = build_one(chain, ctx.source, ctx.writer, ctx.phrasings, ctx.toolbox, rng, task_id, cfg.tones, cfg.allow_plumbing, cfg.max_turns, cfg.sr_input_side)
+                if out.reasons and out.reasons[0].startswith("source_lacks"):
+                    _bump(stats.setdefault("skipped_no_source_image", {}), chain.name)
+                    out = None
+                    continue
+                break
+            if out is None:
+                break  # nothing in the mix can run here
             stats["attempts"] += 1
-            task_id = f"sft-{job.seed}-{slot:06d}"
-            out = build_one(chain, ctx.source, ctx.writer, ctx.phrasings, ctx.toolbox, rng, task_id, cfg.tones, cfg.allow_plumbing, cfg.max_turns)
             if not out.kept:
                 _bump(stats["rejected"], out.reasons[0])
                 continue
@@ -350,8 +362,8 @@ def build_sft_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str,
             out.traj.meta.pop("policy", None)
             rows.append(sft_row(out.traj, [i.meta for i in out.plan.inputs], ctx.writer.name))
             stats["kept"] += 1
-            _bump(stats["chains"], chain.name)
-            _bump(stats["groups"], chain.group)
+            _bump(stats["chains"], out.chain.name)
+            _bump(stats["groups"], out.chain.group)
             _bump(stats["tones"], out.tone)
             _bump(stats["turns"], len(out.traj.turns))
             break

@@ -80,7 +80,9 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     t = report["totals"]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     _bar(axes[0][0], t.get("chains", {}), "chain mix (kept)")
-    _bar(axes[0][1], {**t.get("rejected", {}), **{f"no backend: {k}": v for k, v in t.get("skipped_no_backend", {}).items()}}, "rejections / skipped draws")
+    skipped = {f"no backend: {k}": v for k, v in t.get("skipped_no_backend", {}).items()}
+    skipped.update({f"no source image: {k}": v for k, v in t.get("skipped_no_source_image", {}).items()})
+    _bar(axes[0][1], {**t.get("rejected", {}), **skipped}, "rejections / skipped draws")
     if report["kind"] == "rl":
         ax = axes[1][0]
         levels = ("easy", "medium", "hard")
