@@ -42,7 +42,11 @@ def _serve(args: argparse.Namespace) -> int:
     from toolserver.serve_app import deploy
 
     # Joining an existing cluster (`ray start`) lets the server outlive this process with --detach.
-    ray.init(address=args.address, include_dashboard=False if args.address is None else None, log_to_driver=True)
+    try:
+        ray.init(address=args.address, include_dashboard=False if args.address is None else None, log_to_driver=True)
+    except ConnectionError as e:
+        print(f"error: no Ray cluster at {args.address!r} ({e}); start one with `ray start --head` or omit --address", file=sys.stderr)
+        return 1
     ingress = deploy(cfg, token)
     described = ingress.describe.remote().result(timeout_s=120)
     for tool, d in sorted(described.items()):

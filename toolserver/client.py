@@ -143,6 +143,7 @@ class HttpToolbox:
     """Calls the ingress over HTTP with base64 PNG images."""
 
     RETRY_STATUS = frozenset({500, 502, 503})  # 504 is a tool timeout: rerunning it would double the wait
+    MANIFEST_RETRY_S = 10.0
 
     def __init__(
         self,
@@ -166,20 +167,22 @@ class HttpToolbox:
             base_url=url.rstrip("/"), headers=headers, timeout=DEFAULT_TIMEOUT_S + timeout_margin_s, transport=transport
         )
         self._timeouts: dict[str, float] | None = None
+        self._next_fetch = 0.0
         self._lock = threading.Lock()
 
     def _timeout(self, tool: str) -> float:
-        # Fetched lazily, so building a toolbox does not need the server up yet.
+        # Fetched lazily, so building a toolbox does not need the server up yet; after a failed
+        # fetch, asked again at most every MANIFEST_RETRY_S rather than on every call.
         with self._lock:
-            if self._timeouts is None:
+            if self._timeouts is None and time.monotonic() >= self._next_fetch:
                 try:
                     r = self.client.get("/v1/tools", timeout=10)
                     r.raise_for_status()
                     self._timeouts = {t["name"]: float(t["timeout_s"]) for t in r.json()["tools"]}
                 except Exception as e:
-                    log.warning("could not read tool timeouts from the server (%s); using %g s", e, DEFAULT_TIMEOUT_S)
-                    return DEFAULT_TIMEOUT_S
-            return self._timeouts.get(tool, DEFAULT_TIMEOUT_S)
+                    self._next_fetch = time.monotonic() + self.MANIFEST_RETRY_S
+                    log.warning("could not read tool timeouts from the server (%s); using %g s for now", e, DEFAULT_TIMEOUT_S)
+            return (self._timeouts or {}).get(tool, DEFAULT_TIMEOUT_S)
 
     def call(self, request: ToolRequest) -> ToolResult:
         from toolserver import http_codec

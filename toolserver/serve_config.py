@@ -87,6 +87,10 @@ class HttpConfig:
 @dataclass
 class ServeConfig:
     app_name: str = DEFAULT_APP_NAME
+    # A tools config (configs/tools/<name>.yaml) to take each model tool's backend name and params
+    # from, so in-process and served runs share one backend choice; a tool's own `backend` here
+    # overrides it, and its `params` are merged over the tools config's.
+    backends_from: str | None = None
     family: str = "canvasagent"
     # Where pure tools run unless a tool says otherwise: `deployment` (one each), `shared` (one
     # deployment, PURE_DEPLOYMENT, for all of them: fewer processes) or `caller`.
@@ -125,10 +129,22 @@ class ServeConfig:
             # Tools the YAML leaves out still get the defaults (a pure tool becomes a deployment).
             for spec in servable_tools(cfg.family):
                 cfg.tools.setdefault(spec.name, from_dict(ToolServeConfig, copy.deepcopy(defaults)))
-        except (TypeError, ValueError) as e:
+            if cfg.backends_from:
+                cfg._take_backends(cfg.backends_from)
+        except (TypeError, ValueError, FileNotFoundError) as e:
             raise ServeConfigError(str(e)) from None
         cfg.check()
         return cfg
+
+    def _take_backends(self, tools_config: str) -> None:
+        from canvasagent.config import ToolsConfig
+
+        for tool, bcfg in ToolsConfig.load(tools_config).backends.items():
+            if tool not in self.tools:
+                raise ValueError(f"backends_from={tools_config!r} names {tool!r}, which is not a served tool")
+            tcfg = self.tools[tool]
+            if tcfg.backend is None and bcfg.name not in (None, "", "none"):
+                tcfg.backend, tcfg.params = bcfg.name, {**(bcfg.params or {}), **tcfg.params}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

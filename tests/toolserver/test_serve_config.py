@@ -48,11 +48,30 @@ def test_paper_config_dry_run_places_every_model_tool():
     assert rep.ok, rep.render()
     assert not rep.unconfigured
     placed = {t for items in rep.gpus.values() for t, _ in items}
-    assert {"ImageGeneration", "SR"} == {t for t, _ in rep.gpus[0]}
+    assert {"ImageGeneration", "SR", "OCR"} == {t for t, _ in rep.gpus[0]}
     assert {"ImageEdit", "SAM", "Grounding"} == {t for t, _ in rep.gpus[1]}
     assert placed | set(rep.cpu_models) == {t.name for t in model_backed()}
     assert all(rep.gpu_load(g) <= 1 + 1e-9 for g in rep.gpus)
     assert all(cfg.mode(t.name) is Mode.CALLER for t in servable_tools() if t.backend is Backend.PURE)
+
+
+def test_backends_come_from_the_tools_config(tmp_path):
+    from canvasagent.config import ToolsConfig
+
+    paper, tools = ServeConfig.load("paper_2gpu"), ToolsConfig.load("paper_gpu")
+    for tool, bcfg in tools.backends.items():
+        assert (paper.tools[tool].backend, paper.tools[tool].params) == (bcfg.name, bcfg.params)
+    local = ServeConfig.load("local_cpu")
+    assert local.tools["OCR"].backend == "rapidocr" and local.tools["OCR"].params["threads"] == 1
+    # The serve config's own backend wins over the tools config's.
+    own = ServeConfig.from_dict({"backends_from": "offline", "tools": {"OCR": {"backend": "paddleocr"}}})
+    assert own.tools["OCR"].backend == "paddleocr" and own.tools["SR"].backend == "realesrgan-ncnn"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("backends:\n  brush_stroke: {name: rapidocr}\n")
+    with pytest.raises(ServeConfigError, match="not a served tool"):
+        ServeConfig.from_dict({"backends_from": str(bad)})
+    with pytest.raises(ServeConfigError):
+        ServeConfig.from_dict({"backends_from": "no_such_tools_config"})
 
 
 def _paper(**tool_overrides) -> dict:
@@ -70,7 +89,8 @@ def test_dry_run_catches_oversubscription_unplaced_and_missing_tools():
     assert not scaled.ok
     unplaced = check_placement(ServeConfig.from_dict(_paper(SAM={"gpu": None})))
     assert any("SAM" in e and "not placed" in e for e in unplaced.errors)
-    missing = check_placement(ServeConfig.from_dict(_paper(Grounding={"backend": None})))
+    no_grounding = {**_paper(Grounding={"backend": None}), "backends_from": None}
+    missing = check_placement(ServeConfig.from_dict(no_grounding))
     assert any("Grounding" in e and "no backend" in e for e in missing.errors)
     typo = check_placement(ServeConfig.from_dict(_paper(OCR={"backend": "rapid-ocr"})), set(BACKEND_FACTORIES))
     assert any("unknown backend" in e for e in typo.errors)
