@@ -216,9 +216,16 @@ class AblationRunner:
                 from canvasagent.evaluation.tasks_io import write_tasks
                 from canvasagent.training.scripted import make_tasks
 
+                from canvasagent.config import make_toolbox
+                from canvasagent.training.scripted import attach_reference
+
                 s = dict(tasks["scripted"])
                 pairs = make_tasks(int(s.get("n", 12)), int(s.get("seed", 9999)), int(s.get("max_steps", 2)), int(s.get("image_size", 64)))
-                write_tasks([t for t, _ in pairs], path)
+                toolbox = make_toolbox("offline")
+                try:  # the reference solution's final image is what the alignment check compares with
+                    write_tasks([attach_reference(t, toolbox) for t, _ in pairs], path)
+                finally:
+                    toolbox.close()
             return str(path)
         raise AblationError(f"eval.tasks must be a path or {{scripted: {{...}}}}, got {tasks!r}")
 

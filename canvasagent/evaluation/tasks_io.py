@@ -65,6 +65,10 @@ def task_from_record(rec: dict[str, Any], base: Path, index: int = 0) -> Task:
         )
     d = dict(rec)
     d.setdefault("id", f"task_{index:05d}")
+    meta = dict(d.get("meta") or {})
+    if meta.get("reference_images"):  # paths relative to the split, for the reference_similarity check
+        meta["reference_images"] = [str(base / r) if not Path(r).is_absolute() else r for r in meta["reference_images"]]
+        d["meta"] = meta
     return Task.from_dict(d, _images(d.get("images") or d.get("image_paths"), base))
 
 
@@ -129,7 +133,8 @@ def load_tasks(path: str | Path, limit: int | None = None, split: str = "eval") 
 
 
 def write_tasks(tasks: list[Task], out_dir: str | Path) -> Path:
-    """Write tasks as `tasks.jsonl` + images (used by tests and the agent's probe sets)."""
+    """Write tasks as `tasks.jsonl` + images; PIL reference images in `meta["reference_images"]`
+    are saved as files too, so reference checks still run when the split is read back."""
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     lines = []
@@ -141,6 +146,15 @@ def write_tasks(tasks: list[Task], out_dir: str | Path) -> Path:
             img.save(out / rel)
             paths.append(rel)
         rec["images"] = paths
+        refs = []
+        for k, ref in enumerate(t.meta.get("reference_images") or []):
+            if hasattr(ref, "save"):  # a PIL reference image is stored beside the inputs
+                rel = f"images/{t.id}_reference_{k}.png"
+                ref.save(out / rel)
+                ref = rel
+            refs.append(str(ref))
+        if refs:
+            rec["meta"] = {**rec["meta"], "reference_images": refs}
         lines.append(json.dumps(rec, ensure_ascii=False))
     path = out / "tasks.jsonl"
     path.write_text("\n".join(lines) + "\n")

@@ -157,3 +157,16 @@ def test_eval_cli_with_the_tiny_hf_model(eval_split, tmp_path, tiny_qwen3vl_dir)
             assert "invalid replies in a row" in task["error"]
         traj = Trajectory.load(out / "trajectories" / task["task_id"])
         assert len(traj.turns) == task["n_turns"]
+
+
+def test_reference_images_survive_the_split_round_trip(tmp_path):
+    from PIL import Image
+
+    from canvasagent.evaluation.tasks_io import write_tasks
+    from canvasagent.tasks import Task
+
+    ref = Image.new("RGB", (8, 4), "red")
+    write_tasks([Task("x", [Image.new("RGB", (8, 4))], id="a", checks=[{"type": "reference_similarity", "image_index": 0}], meta={"reference_images": [ref]})], tmp_path)
+    (t,) = load_tasks(tmp_path)
+    path = t.meta["reference_images"][0]
+    assert path.startswith(str(tmp_path)) and Image.open(path).size == (8, 4)
