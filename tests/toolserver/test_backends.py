@@ -106,6 +106,25 @@ def test_ocr_reads_rendered_text(ocr, mode):
     assert [b[1] for b in res.data["boxes"]] == sorted(b[1] for b in res.data["boxes"])
 
 
+@pytest.mark.parametrize("text,size", [("Fresh bread 7 days a week", 24), ("Summer Music Festival 2025", 48)])
+def test_ocr_reads_one_line_banners(ocr, text, size):
+    # Wide, short images: rapidocr's default detector sizing split these into scrambled words.
+    img = Image.new("RGB", (int(len(text) * size * 0.7) + 40, size * 3), "white")
+    ImageDraw.Draw(img).text((20, size), text, fill="black", font=dejavu_sans(size))
+    assert _call(ocr, "OCR", image=img).text == text
+
+
+def test_ocr_line_fragments_are_merged():
+    from toolserver.backends.ocr import OcrLines, merge_line_fragments
+
+    words = OcrLines(["OPENING", "GRAND", "SALE", "below"], [0.9, 0.8, 0.99, 0.7], [[150, 15, 335, 65], [13, 17, 159, 63], [329, 18, 436, 63], [13, 90, 120, 130]])
+    merged = merge_line_fragments(words)
+    assert merged.lines == ["GRAND OPENING SALE", "below"]
+    assert merged.boxes == [[13, 15, 436, 65], [13, 90, 120, 130]] and merged.scores == [0.8, 0.7]
+    columns = OcrLines(["left", "right"], [1.0, 1.0], [[0, 0, 100, 40], [400, 0, 500, 40]])  # far apart: separate
+    assert merge_line_fragments(columns).lines == ["left", "right"]
+
+
 def test_ocr_no_text_and_public_format(ocr):
     blank = _call(ocr, "OCR", image=Image.new("RGB", (120, 80), "white"))
     assert blank.ok and blank.text == "OCR completed but no text was detected." and blank.data["lines"] == []
@@ -233,6 +252,16 @@ def test_plumbing_config_runs_an_episode(tiny_cache):
     assert traj.assets.get("ImageGeneration_0").plumbing_only and traj.assets.get("SAM_0").plumbing_only
     assert traj.assets.get("SR_0").image.size == tuple(4 * v for v in traj.assets.get("Extract_0").image.size)
     assert next(t for t in turns if t.call.name == "OCR").tool_text == "HELLO"
+
+
+def test_backends_are_thread_safe(tiny_cache):
+    from concurrent.futures import ThreadPoolExecutor
+
+    backend = build_backend("sam-tiny", {})  # first calls race to load it, then to run it
+    img = Image.new("RGB", (96, 64), "gray")
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: _call(backend, "SAM", image=img, bbox=[0.0, 0.0, 500.0 + i, 900.0]), range(8)))
+    assert all(r.ok and r.image.size == img.size for r in results)
 
 
 # ------------------------------------------------------------------------------- clear failures

@@ -149,15 +149,11 @@ def _wordpiece_vocab() -> dict[str, int]:
 
 
 def build_tiny_grounding(out: Path, seed: int = DEFAULT_SEED) -> Path:
-    from transformers import (
-        BertConfig,
-        BertTokenizer,
-        GroundingDinoConfig,
-        GroundingDinoForObjectDetection,
-        GroundingDinoImageProcessor,
-        GroundingDinoProcessor,
-        SwinConfig,
-    )
+    import transformers
+    from transformers import BertConfig, BertTokenizer, GroundingDinoConfig, GroundingDinoForObjectDetection, GroundingDinoProcessor, SwinConfig
+
+    # The PIL image processor needs no torchvision; naming it avoids transformers' fallback warning.
+    image_processor_cls = getattr(transformers, "GroundingDinoImageProcessorPil", None) or transformers.GroundingDinoImageProcessor
 
     vocab = _wordpiece_vocab()
     # `vocab=` (a dict); `vocab_file=` is silently ignored and would make every token [UNK].
@@ -185,7 +181,7 @@ def build_tiny_grounding(out: Path, seed: int = DEFAULT_SEED) -> Path:
     finally:
         ctx.__exit__(None, None, None)
     # 128 px: the coarsest feature level (stride 64) must keep >1 value per GroupNorm group.
-    processor = GroundingDinoProcessor(image_processor=GroundingDinoImageProcessor(size={"shortest_edge": 128, "longest_edge": 192}), tokenizer=tokenizer)
+    processor = GroundingDinoProcessor(image_processor=image_processor_cls(size={"shortest_edge": 128, "longest_edge": 192}), tokenizer=tokenizer)
     model.save_pretrained(out)
     processor.save_pretrained(out)
     _write_marker(out, "grounding", seed)
@@ -196,7 +192,10 @@ def build_tiny_grounding(out: Path, seed: int = DEFAULT_SEED) -> Path:
 
 
 def build_tiny_sam(out: Path, seed: int = DEFAULT_SEED) -> Path:
-    from transformers import SamConfig, SamImageProcessor, SamMaskDecoderConfig, SamModel, SamProcessor, SamPromptEncoderConfig, SamVisionConfig
+    import transformers
+    from transformers import SamConfig, SamMaskDecoderConfig, SamModel, SamProcessor, SamPromptEncoderConfig, SamVisionConfig
+
+    image_processor_cls = getattr(transformers, "SamImageProcessorPil", None) or transformers.SamImageProcessor
 
     frame, patch = 128, 16  # the real model: 1024 and 16
     vision = SamVisionConfig(
@@ -220,7 +219,7 @@ def build_tiny_sam(out: Path, seed: int = DEFAULT_SEED) -> Path:
     finally:
         ctx.__exit__(None, None, None)
     low_res = frame // patch * 4  # the decoder upsamples the embedding grid 4x
-    image_processor = SamImageProcessor(
+    image_processor = image_processor_cls(
         size={"longest_edge": frame},
         pad_size={"height": frame, "width": frame},
         mask_size={"longest_edge": low_res},
