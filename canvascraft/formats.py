@@ -84,6 +84,11 @@ RL_FEATURES = datasets.Features(
 FEATURES = {"sft": SFT_FEATURES, "rl": RL_FEATURES}
 
 
+def dump_checks(checks: list[dict[str, Any]]) -> str:
+    """The `checks` cell: one canonical JSON spelling, so files round-trip byte for byte."""
+    return json.dumps(checks, ensure_ascii=False, sort_keys=True)
+
+
 def png(image) -> dict[str, Any]:
     """An image cell: PNG bytes we encode ourselves, so a JPEG input is never re-encoded lossily."""
     return {"bytes": to_png_bytes(image), "path": None}
@@ -234,6 +239,8 @@ def write_rl_json(rows: list[dict[str, Any]], out_dir: str | Path, name: str = "
             paths.append(rel)
         extra: dict[str, Any] = {"id": row["id"], "tone": row["tone"]}
         extra.update({k: row[k] for k in _RL_EXTRA if row.get(k) is not None})
+        if "checks" in extra:
+            extra["checks"] = json.loads(extra["checks"])  # a list in the public file, for humans and judges
         if row.get("reference_image"):
             rel = f"images/{row['id']}_reference.png"
             (out / rel).write_bytes(row["reference_image"]["bytes"])
@@ -259,6 +266,8 @@ def read_rl_json(path: str | Path) -> list[dict[str, Any]]:
             images=[{"bytes": (path.parent / p).read_bytes(), "path": None} for p in rec.get("image") or []],
             reference_image={"bytes": (path.parent / ref).read_bytes(), "path": None} if ref else None,
         )
+        if isinstance(extra.get("checks"), list):
+            extra["checks"] = dump_checks(extra["checks"])
         row.update({k: v for k, v in extra.items() if k in RL_FEATURES})
         rows.append(row)
     return rows

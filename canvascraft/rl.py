@@ -18,7 +18,7 @@ from typing import Any
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.tasks import Task
 from canvascraft.chains import Chain
-from canvascraft.formats import png
+from canvascraft.formats import dump_checks, png
 from canvascraft.plan import Plan, make_plan
 from canvascraft.sft import ChainPolicy, _bump, missing_backends, pick_inputs, quality_control
 from toolserver.registry import REGISTRY, Backend
@@ -59,16 +59,13 @@ def reasoning_level(n_conditions: int, state_dependent: int) -> str:
 _LENGTH_RANGE = {"easy": (1, 4), "medium": (5, 8), "hard": (9, 99)}
 
 
-def compose_chain(ctx_chains: Any, rng: random.Random, length: str, max_steps: int, can_run: Any) -> Chain | None:
+def compose_chain(chains: Any, rng: random.Random, length: str, max_steps: int) -> Chain | None:
     """Concatenate sampled templates until the length level is reached (None if overshot)."""
     lo, hi = _LENGTH_RANGE[length]
     hi = min(hi, max_steps)
     tools: list[str] = []
     for _ in range(12):
-        c = ctx_chains.sample(rng)
-        if not can_run(c):
-            continue
-        part = list(c.tools)
+        part = list(chains.sample(rng).tools)
         if tools and part[0] == "ImageGeneration":
             part = part[1:]  # only a task without input images starts by generating one
         if not part or (tools and part[0] == tools[-1]):
@@ -160,7 +157,7 @@ def build_rl_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str, 
         for attempt in range(cfg.max_attempts):
             rng = random.Random(f"rl:{job.split}:{job.seed}:{slot}:{attempt}")
             stats["attempts"] += 1
-            chain = compose_chain(ctx.chains, rng, target["length"], cfg.max_steps, lambda c: True)
+            chain = compose_chain(ctx.chains, rng, target["length"], cfg.max_steps)
             if chain is None:
                 _bump(stats["rejected"], "length_unmet")
                 continue
@@ -224,7 +221,7 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
         "path": list(chain.tools),
         "n_steps": len(chain.tools),
         "n_tools": chain.distinct_tools,
-        "checks": json.dumps(checks, ensure_ascii=False, sort_keys=True),
+        "checks": dump_checks(checks),
         "reference_image": reference,
         **labels,
     }
