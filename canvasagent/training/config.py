@@ -171,4 +171,10 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep:
         raise ValueError(f"override {text!r} is not KEY=VALUE")
-    return key.strip(), yaml.safe_load(raw)
+    value = yaml.safe_load(raw)
+    if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    return key.strip(), value

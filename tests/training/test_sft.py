@@ -1,0 +1,128 @@
+"""`python -m canvasagent.train sft` on the tiny config: a few steps, masks, checkpoints, kill + resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from canvasagent.models import load_policy, load_processor
+from canvasagent.training import run
+from canvasagent.training.config import TrainConfig
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cfg(out: Path, tiny_dir: Path, **extra) -> TrainConfig:
+    return TrainConfig.load("sft_tiny_cpu", {
+        "run.output_dir": str(out), "model.name_or_path": str(tiny_dir), "data.n_train": 8,
+        "optim.max_steps": 4, "optim.per_device_train_batch_size": 2, "run.save_steps": 2,
+        "run.logging_steps": 1, "run.save_total_limit": None, **extra,
+    })
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory, tiny_qwen3vl_dir):
+    out = tmp_path_factory.mktemp("sft")
+    summary = run(_cfg(out, tiny_qwen3vl_dir))
+    return out, summary
+
+
+def test_sft_runs_with_finite_loss(sft_run):
+    out, summary = sft_run
+    assert summary["global_step"] == 4
+    losses = [h["loss"] for h in summary["log_history"] if "loss" in h]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+    assert (out / "curves.png").stat().st_size > 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) >= 4
+
+
+def test_only_assistant_tokens_are_trained(tiny_qwen3vl_dir, tmp_path):
+    from canvasagent.training.sft import build_sft_trainer
+
+    trainer, processor, _ = build_sft_trainer(_cfg(tmp_path, tiny_qwen3vl_dir))
+    batch = trainer.data_collator([trainer.train_dataset[0]])
+    ids, labels = batch["input_ids"][0], batch["labels"][0]
+    tok = processor.tokenizer
+    trained = tok.decode(ids[labels != -100])
+    masked = tok.decode(ids[labels == -100])
+    assert "<reason>" in trained and "<Terminate>" in trained and "<tool_call>" in trained
+    for not_trained in ("<tool_response>", "imglist", "img_1:", "# Tools", "<|image_pad|>", "<|vision_start|>"):
+        assert not_trained not in trained, not_trained
+    assert "<tool_response>" in masked and "<|image_pad|>" in masked  # tool turns carry their image
+    assert batch["pixel_values"].shape[0] > 0 and batch["image_grid_thw"].shape[0] >= 2  # input + tool images
+
+
+def test_checkpoints_and_final_reload(sft_run):
+    out, summary = sft_run
+    for ckpt in (out / "checkpoint-2", out / "checkpoint-4", Path(summary["final"])):
+        load_processor(ckpt)
+        model = load_policy(ckpt)
+        assert sum(p.numel() for p in model.parameters()) > 0
+    last = load_file(str(out / "checkpoint-4" / "model.safetensors"))
+    final = load_file(str(Path(summary["final"]) / "model.safetensors"))
+    assert all(torch.equal(last[k], final[k]) for k in final)
+
+
+_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from transformers import TrainerCallback
+    from canvasagent.training import run
+    from canvasagent.training.config import TrainConfig
+
+    class Kill(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 3:  # after checkpoint-2 was saved, before checkpoint-4
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    cfg = TrainConfig.load("sft_tiny_cpu", __import__("json").loads(sys.argv[1]))
+    run(cfg, callbacks=[Kill()])
+    """
+)
+
+
+def test_killed_run_resumes_without_loss(sft_run, tiny_qwen3vl_dir, tmp_path):
+    ref_out, ref = sft_run
+    out = tmp_path / "killed"
+    overrides = {
+        "run.output_dir": str(out), "model.name_or_path": str(tiny_qwen3vl_dir), "data.n_train": 8,
+        "optim.max_steps": 4, "optim.per_device_train_batch_size": 2, "run.save_steps": 2,
+        "run.logging_steps": 1, "run.save_total_limit": None,
+    }
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", _KILLER, json.dumps(overrides)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert (out / "checkpoint-2").is_dir() and not (out / "checkpoint-4").exists()
+
+    resumed = run(_cfg(out, tiny_qwen3vl_dir, **{"run.resume": True}))
+    assert resumed["global_step"] == 4
+    # Nothing before the last save is lost: the history keeps steps 1-2, and the resumed run
+    # ends exactly where the uninterrupted one did (same data order, same RNG, same weights).
+    ref_losses = [h["loss"] for h in ref["log_history"] if "loss" in h]
+    got_losses = [h["loss"] for h in resumed["log_history"] if "loss" in h]
+    assert [h["step"] for h in resumed["log_history"] if "loss" in h] == [1, 2, 3, 4]
+    assert got_losses == pytest.approx(ref_losses, rel=1e-4)
+    a = load_file(str(Path(ref["final"]) / "model.safetensors"))
+    b = load_file(str(out / "final" / "model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_lora_variant_trains_and_merges(tiny_qwen3vl_dir, tmp_path):
+    summary = run(_cfg(tmp_path, tiny_qwen3vl_dir, **{
+        "lora.enabled": True, "lora.r": 4, "lora.alpha": 8, "lora.modules_to_save": ["lm_head"],
+        "optim.max_steps": 2, "run.save_steps": 0,
+    }))
+    assert math.isfinite(summary["train_loss"])
+    model = load_policy(summary["final"])  # merged: loads as a plain checkpoint
+    assert not any("lora" in n for n, _ in model.named_parameters())
