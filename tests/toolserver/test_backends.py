@@ -326,6 +326,60 @@ def test_realesrgan_torch_without_torchvision_says_so(tmp_path):
     assert res.error_code == "backend_unavailable" and "torchvision" in res.text and "realesrgan-ncnn" in res.text
 
 
+def test_realesrgan_torch_path_with_stub_packages(tmp_path, monkeypatch):
+    """The PyTorch backend's own logic (import shim, RealESRGANer arguments, BGR handling) with
+    stand-ins for torchvision/basicsr/realesrgan, which cannot be installed beside the CPU torch."""
+    import sys
+    import types
+
+    seen: dict = {}
+
+    class RRDBNet:
+        def __init__(self, **kw):
+            seen["net"] = kw
+
+    class RealESRGANer:
+        def __init__(self, **kw):
+            seen["upsampler"] = kw
+
+        def enhance(self, bgr, outscale):
+            seen["first_pixel_bgr"] = bgr[0, 0].tolist()
+            return np.repeat(np.repeat(bgr, outscale, axis=0), outscale, axis=1), "RGB"
+
+    tv = types.ModuleType("torchvision")
+    tv_transforms = types.ModuleType("torchvision.transforms")
+    tv_ft = types.ModuleType("torchvision.transforms._functional_tensor")
+    tv.transforms, tv_transforms._functional_tensor = tv_transforms, tv_ft
+    arch = types.ModuleType("basicsr.archs.rrdbnet_arch")
+    arch.RRDBNet = RRDBNet
+    rg = types.ModuleType("realesrgan")
+    rg.RealESRGANer = RealESRGANer
+    for name, mod in {
+        "torchvision": tv,
+        "torchvision.transforms": tv_transforms,
+        "torchvision.transforms._functional_tensor": tv_ft,
+        "basicsr": types.ModuleType("basicsr"),
+        "basicsr.archs": types.ModuleType("basicsr.archs"),
+        "basicsr.archs.rrdbnet_arch": arch,
+        "realesrgan": rg,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    # Absent now, and absent again after the test (setitem records the absence for undo).
+    monkeypatch.setitem(sys.modules, "torchvision.transforms.functional_tensor", None)
+    monkeypatch.delitem(sys.modules, "torchvision.transforms.functional_tensor")
+
+    pth = tmp_path / "RealESRGAN_x4plus.pth"
+    pth.write_bytes(b"weights")
+    backend = build_backend("realesrgan", {"model_path": str(pth), "tile": 256, "device": "cpu"})
+    res = _call(backend, "SR", image=Image.new("RGB", (8, 6), (200, 10, 30)))
+    assert res.ok and res.image.size == (32, 24) and res.image.getpixel((0, 0)) == (200, 10, 30)
+    assert seen["first_pixel_bgr"] == [30, 10, 200]  # RealESRGANer gets OpenCV's channel order
+    assert seen["net"] == {"num_in_ch": 3, "num_out_ch": 3, "num_feat": 64, "num_block": 23, "num_grow_ch": 32, "scale": 4}
+    up = seen["upsampler"]
+    assert up["model_path"] == str(pth) and up["tile"] == 256 and up["half"] is False and str(up["device"]) == "cpu"
+    assert sys.modules["torchvision.transforms.functional_tensor"] is tv_ft  # basicsr's old import path
+
+
 def test_cuda_requested_without_cuda():
     import torch
 

@@ -129,6 +129,10 @@ class FluxBackend:
 
         return shared(("flux2-klein", p.model, device, str(dtype), p.cpu_offload), build)
 
+    def load(self) -> None:
+        """Load now (a serving replica at start-up) instead of on the first request."""
+        self._pipes.get()
+
     def _generator(self) -> Any:
         import torch
 

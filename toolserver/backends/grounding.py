@@ -109,6 +109,10 @@ class GroundingBackend:
 
         return shared(("grounding", p.model, device, str(dtype)), build)
 
+    def load(self) -> None:
+        """Load now (a serving replica at start-up) instead of on the first request."""
+        self._model.get()
+
     def detect(self, image: Image.Image, reference_text: str) -> list[Detection]:
         import torch
 

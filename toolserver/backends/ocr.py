@@ -171,6 +171,10 @@ class RapidOcrBackend:
         except Exception as e:  # e.g. a model type not shipped in the wheel: rapidocr tries to download it
             raise BackendUnavailable(f"rapidocr failed to initialise ({type(e).__name__}: {e}); the shipped models need no download") from e
 
+    def load(self) -> None:
+        """Load now (a serving replica at start-up) instead of on the first request."""
+        self._engine.get()
+
     def recognise(self, image: Image.Image) -> OcrLines:
         engine, lock = self._engine.get()
         with lock:
@@ -242,6 +246,9 @@ class PaddleOcrBackend:
                 f"PaddleOCR could not be created ({type(e).__name__}: {e}). Offline it cannot download models: "
                 "set text_detection_model_dir and text_recognition_model_dir to local PP-OCR model directories"
             ) from e
+
+    def load(self) -> None:
+        self._engine.get()
 
     def recognise(self, image: Image.Image) -> OcrLines:
         engine = self._engine.get()

@@ -95,6 +95,10 @@ class SamBackend:
 
         return shared(("sam", p.model, device, str(dtype)), build)
 
+    def load(self) -> None:
+        """Load now (a serving replica at start-up) instead of on the first request."""
+        self._model.get()
+
     def segment(self, image: Image.Image, bbox: list[float]) -> tuple[np.ndarray, float, list[float]]:
         import torch
 

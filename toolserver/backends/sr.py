@@ -156,6 +156,10 @@ class NcnnRealEsrgan:
         with _CAPTURE_LOCK, _native_output_to_log(log):
             return Realesrgan(gpuid=p.gpuid, tta_mode=p.tta, tilesize=p.tile, model=NCNN_MODELS[p.model])
 
+    def load(self) -> None:
+        """Load now (a serving replica at start-up) instead of on the first request."""
+        self._model.get()
+
     def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
         model = self._model.get()
         with self._lock, _CAPTURE_LOCK, _native_output_to_log(log):
@@ -185,7 +189,7 @@ class TorchParams:
 
 def _import_realesrgan() -> tuple[Any, Any]:
     try:
-        import torchvision
+        import torchvision  # noqa: F401  (only checking it loads)
     except Exception as e:  # the PyPI CUDA wheel beside a CPU torch raises RuntimeError, not ImportError
         raise BackendUnavailable(
             f"the realesrgan backend needs torchvision, which is not usable here ({type(e).__name__}: {e}); "
@@ -231,6 +235,9 @@ class TorchRealEsrgan:
         return RealESRGANer(
             scale=SCALE, model_path=p.model_path, model=net, tile=p.tile, tile_pad=p.tile_pad, pre_pad=p.pre_pad, half=half, device=torch.device(device)
         )
+
+    def load(self) -> None:
+        self._model.get()
 
     def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
         upsampler = self._model.get()
