@@ -390,7 +390,16 @@ def test_cli_build_stats_convert(tmp_path):
     assert (out / "stats.json").exists() and (out / "stats.png").stat().st_size > 1000
     assert main(["stats", str(out)]) == 0
     assert main(["convert", "--to", "sharegpt", "--input", str(out), "--out", str(tmp_path / "pub")]) == 0
-    assert main(["convert", "--to", "hf", "--input", str(tmp_path / "pub" / "sharegpt.json"), "--out", str(tmp_path / "hf")]) == 0
+    # The public file replays through `canvasagent replay` to the recorded final image.
+    from canvasagent.cli import main as canvasagent_main
+
+    pub = tmp_path / "pub" / "sharegpt.json"
+    rec = json.loads(pub.read_text())[0]
+    assert canvasagent_main(["replay", str(pub), "--index", "0", "--out", str(tmp_path / "rep"), "--tools-config", PURE_TOOLS]) == 0
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    got = open_image(tmp_path / "rep" / f"{rep['final_asset_id']}.png")
+    assert np.array_equal(np.asarray(got), np.asarray(open_image(pub.parent / rec["canvascraft"]["final_image"])))
+    assert main(["convert", "--to", "hf", "--input", str(pub), "--out", str(tmp_path / "hf")]) == 0
     assert formats.read_rows([tmp_path / "hf" / "sft.parquet"]) == formats.read_rows(shard_files(out))
 
 
