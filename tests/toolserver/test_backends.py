@@ -380,6 +380,43 @@ def test_realesrgan_torch_path_with_stub_packages(tmp_path, monkeypatch):
     assert sys.modules["torchvision.transforms.functional_tensor"] is tv_ft  # basicsr's old import path
 
 
+def test_segment_anything_path_with_stub_package(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    import torch
+
+    seen: dict = {}
+
+    class Predictor:
+        def __init__(self, model):
+            seen["model"] = model
+
+        def set_image(self, arr, image_format):
+            seen["image"] = (arr.shape, image_format)
+
+        def predict(self, box, multimask_output):
+            seen["box"] = box.tolist()
+            masks = np.zeros((3, 40, 60), dtype=bool)
+            masks[1, 10:20, 5:30] = True
+            return masks, np.array([0.1, 0.9, 0.3]), None
+
+    sa = types.ModuleType("segment_anything")
+    sa.SamPredictor = Predictor
+    sa.sam_model_registry = {"vit_h": lambda checkpoint: torch.nn.Linear(1, 1)}
+    monkeypatch.setitem(sys.modules, "segment_anything", sa)
+    missing = _toolbox_error("segment-anything", {}, tool="SAM", bbox=[0.0, 0.0, 500.0, 500.0])
+    assert missing.error_code == "backend_unavailable" and "checkpoint" in missing.text
+
+    ckpt = tmp_path / "sam_vit_h_4b8939.pth"
+    ckpt.write_bytes(b"weights")
+    backend = build_backend("segment-anything", {"checkpoint": str(ckpt), "device": "cpu"})
+    res = _call(backend, "SAM", image=Image.new("RGBA", (60, 40)), bbox=[100.0, 250.0, 500.0, 750.0])
+    assert res.ok and res.kind is OutputKind.MASK and res.image.mode == "L" and res.image.size == (60, 40)
+    assert seen["image"] == ((40, 60, 3), "RGB") and seen["box"] == [6.0, 10.0, 30.0, 30.0]
+    assert res.data["score"] == 0.9 and res.data["mask_area"] == 250  # the best of the three candidates
+
+
 def test_cuda_requested_without_cuda():
     import torch
 

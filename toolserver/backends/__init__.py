@@ -26,6 +26,7 @@ BACKEND_FACTORIES: dict[str, str] = {
     # Grounding / SAM / Gen+Edit, by hub id or local path
     "grounding-dino": "toolserver.backends.grounding:grounding_dino",
     "sam": "toolserver.backends.sam:sam",
+    "segment-anything": "toolserver.backends.sam:segment_anything",  # Meta's package + a .pth checkpoint
     "flux2-klein": "toolserver.backends.flux:flux2_klein",
     # Tiny random-weight models of the same architectures, built locally: plumbing only
     "grounding-tiny": "toolserver.backends.tiny:grounding_tiny",

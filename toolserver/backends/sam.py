@@ -1,4 +1,8 @@
-"""SAM with a box prompt, through transformers' `SamModel` / `SamProcessor` (hub id or local path).
+"""SAM with a box prompt.
+
+* ``sam``: transformers' `SamModel` / `SamProcessor` (hub id or local path); no torchvision needed.
+* ``segment-anything``: Meta's package with an original checkpoint (``sam_vit_h_4b8939.pth``),
+  as the public CanvasAgent code runs it. That package imports torchvision.
 
 The bbox arrives in 0-1000 (the protocol's coordinates) and is scaled to pixels of the input
 image; the processor then maps it onto its 1024-pixel frame. The mask comes back as an "L"
@@ -10,12 +14,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from toolserver.backends._base import (
+    BackendUnavailable,
     Lazy,
     hf_from_pretrained,
     mark_plumbing,
@@ -137,3 +143,75 @@ class SamBackend:
 
 def sam(**params: Any) -> SamBackend:
     return SamBackend(parse_params(SamParams, params, "sam"))
+
+
+# ----------------------------------------------------------------------- segment-anything (.pth)
+
+
+@dataclass
+class SegmentAnythingParams:
+    checkpoint: str | None = None  # e.g. weights/sam_vit_h_4b8939.pth
+    model_type: str = "vit_h"  # vit_h | vit_l | vit_b, matching the checkpoint
+    multimask: bool = True
+    device: str = "auto"
+
+
+class SegmentAnythingBackend:
+    name = "segment-anything"
+
+    def __init__(self, params: SegmentAnythingParams):
+        self.params = params
+        self._predictor: Lazy[Any] = Lazy(self._load)
+        self._lock = threading.Lock()  # the predictor holds the current image's embedding
+
+    def _load(self) -> Any:
+        import torch
+
+        torch.set_flush_denormal(True)
+        p = self.params
+        if not p.checkpoint or not Path(p.checkpoint).is_file():
+            raise BackendUnavailable(f"the segment-anything backend needs params.checkpoint, a local SAM .pth file (got {p.checkpoint!r})")
+        try:
+            from segment_anything import SamPredictor, sam_model_registry
+        except Exception as e:  # it imports torchvision, which may be missing or broken beside a CPU torch
+            raise BackendUnavailable(
+                f"segment-anything is not usable here ({type(e).__name__}: {e}); `pip install segment-anything` with a "
+                "working torchvision, or use backend sam (transformers)"
+            ) from e
+        if p.model_type not in sam_model_registry:
+            raise ValueError(f"model_type must be one of {sorted(sam_model_registry)}, got {p.model_type!r}")
+        model = sam_model_registry[p.model_type](checkpoint=p.checkpoint)
+        model.to(resolve_device(p.device)).eval()
+        log.info("loaded segment-anything %s from %s", p.model_type, p.checkpoint)
+        return SamPredictor(model)
+
+    def load(self) -> None:
+        """Load now (a serving replica at start-up) instead of on the first request."""
+        self._predictor.get()
+
+    def segment(self, image: Image.Image, bbox: list[float]) -> tuple[np.ndarray, float, list[float]]:
+        predictor = self._predictor.get()
+        rgb = to_rgb(image)
+        box_px = bbox_to_pixels(bbox, rgb.width, rgb.height)
+        if box_px[2] - box_px[0] < 1 or box_px[3] - box_px[1] < 1:
+            raise ToolError("empty_bbox", f"bbox {bbox} covers no pixels of the {rgb.width}x{rgb.height} image")
+        with self._lock:
+            predictor.set_image(np.asarray(rgb), image_format="RGB")
+            masks, scores, _ = predictor.predict(box=np.asarray(box_px), multimask_output=self.params.multimask)
+        best = int(np.argmax(scores))
+        return np.asarray(masks[best], dtype=bool), float(scores[best]), box_px
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        mask, score, box_px = self.segment(request.images["image"], list(request.args["bbox"]))
+        return ToolResult(
+            ok=True,
+            text=sam_text(mask, score, box_px),
+            kind=OutputKind.MASK,
+            image=Image.fromarray(mask.astype(np.uint8) * 255),
+            data={"score": round(score, 4), "mask_area": int(mask.sum()), "bbox_pixels": [round(v, 1) for v in box_px]},
+            backend=self.name,
+        )
+
+
+def segment_anything(**params: Any) -> SegmentAnythingBackend:
+    return SegmentAnythingBackend(parse_params(SegmentAnythingParams, params, "segment-anything"))
