@@ -66,6 +66,9 @@ class FluxParams:
 class _Pipes:
     base: Any
     device: str
+    # One lock per loaded pipeline, not per backend: Generation and Edit share the pipeline, and
+    # diffusers pipelines keep per-call state (scheduler timesteps, guidance scale).
+    lock: threading.Lock = field(default_factory=threading.Lock)
     _inpaint: Any = None
 
     def inpaint(self) -> Any:
@@ -109,7 +112,6 @@ class FluxBackend:
         if "text_encoder_out_layers" in self.call_kwargs:
             self.call_kwargs["text_encoder_out_layers"] = tuple(self.call_kwargs["text_encoder_out_layers"])
         self._pipes: Lazy[_Pipes] = Lazy(self._load)
-        self._lock = threading.Lock()  # diffusers pipelines keep per-call state (timesteps, guidance)
 
     def _load(self) -> _Pipes:
         diffusers = require("diffusers", "pip install 'diffusers>=0.36'")
@@ -147,7 +149,7 @@ class FluxBackend:
     def generate(self, prompt: str) -> Image.Image:
         pipes = self._pipes.get()
         p = self.params
-        with self._lock:
+        with pipes.lock:
             return pipes.base(prompt=prompt, width=p.width, height=p.height, **self._common()).images[0]
 
     def edit(self, image: Image.Image, prompt: str, mask: Image.Image | None = None) -> Image.Image:
@@ -155,7 +157,7 @@ class FluxBackend:
         src = to_rgb(image)
         w, h = working_size(src.width, src.height, self.params.max_pixels)
         work = src.resize((w, h), Image.Resampling.LANCZOS) if (w, h) != src.size else src
-        with self._lock:
+        with pipes.lock:
             if mask is None:
                 out = pipes.base(image=work, prompt=prompt, width=w, height=h, **self._common()).images[0]
             else:

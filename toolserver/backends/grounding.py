@@ -90,22 +90,22 @@ class GroundingBackend:
     def __init__(self, params: GroundingParams):
         self.params = params
         self.plumbing_only = params.plumbing_only or tiny_meta(params.model) is not None
-        self._model: Lazy[tuple[Any, Any, str]] = Lazy(self._load)
-        self._lock = threading.Lock()
+        self._model: Lazy[tuple[Any, Any, str, threading.Lock]] = Lazy(self._load)
 
-    def _load(self) -> tuple[Any, Any, str]:
+    def _load(self) -> tuple[Any, Any, str, threading.Lock]:
         p = self.params
         transformers = require("transformers", "pip install 'transformers>=5'")
         device = resolve_device(p.device)
         dtype = resolve_dtype(p.dtype, device)
 
-        def build() -> tuple[Any, Any, str]:
+        def build() -> tuple[Any, Any, str, threading.Lock]:
             processor = hf_from_pretrained(transformers.AutoProcessor.from_pretrained, p.model, "the Grounding processor")
             model = hf_from_pretrained(transformers.AutoModelForZeroShotObjectDetection.from_pretrained, p.model, "the Grounding model", dtype=dtype)
             if not hasattr(processor, "post_process_grounded_object_detection"):
                 raise ValueError(f"{p.model!r} has no post_process_grounded_object_detection; use a Grounding-DINO-style checkpoint")
             log.info("loaded Grounding model %s on %s (%s)", p.model, device, dtype)
-            return processor, model.to(device).eval(), device
+            # The lock goes with the shared model, so every backend using it serialises on it.
+            return processor, model.to(device).eval(), device, threading.Lock()
 
         return shared(("grounding", p.model, device, str(dtype)), build)
 
@@ -116,11 +116,11 @@ class GroundingBackend:
     def detect(self, image: Image.Image, reference_text: str) -> list[Detection]:
         import torch
 
-        processor, model, device = self._model.get()
+        processor, model, device, lock = self._model.get()
         rgb = to_rgb(image)
         inputs = processor(images=rgb, text=prompt_text(reference_text), return_tensors="pt").to(device)
         inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
-        with self._lock, torch.inference_mode():
+        with lock, torch.inference_mode():
             outputs = model(**inputs)
         # Without target_sizes the boxes come back relative (0-1) as xyxy: exactly what 0-1000 needs.
         (res,) = processor.post_process_grounded_object_detection(

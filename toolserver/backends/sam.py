@@ -79,10 +79,9 @@ class SamBackend:
     def __init__(self, params: SamParams):
         self.params = params
         self.plumbing_only = params.plumbing_only or tiny_meta(params.model) is not None
-        self._model: Lazy[tuple[Any, Any, str]] = Lazy(self._load)
-        self._lock = threading.Lock()
+        self._model: Lazy[tuple[Any, Any, str, threading.Lock]] = Lazy(self._load)
 
-    def _load(self) -> tuple[Any, Any, str]:
+    def _load(self) -> tuple[Any, Any, str, threading.Lock]:
         import torch
 
         # Random or small weights on the padded part of the frame produce denormal floats, which
@@ -93,11 +92,12 @@ class SamBackend:
         device = resolve_device(p.device)
         dtype = resolve_dtype(p.dtype, device)
 
-        def build() -> tuple[Any, Any, str]:
+        def build() -> tuple[Any, Any, str, threading.Lock]:
             processor = hf_from_pretrained(transformers.SamProcessor.from_pretrained, p.model, "the SAM processor")
             model = hf_from_pretrained(transformers.SamModel.from_pretrained, p.model, "the SAM model", dtype=dtype)
             log.info("loaded SAM model %s on %s (%s)", p.model, device, dtype)
-            return processor, model.to(device).eval(), device
+            # The lock goes with the shared model, so every backend using it serialises on it.
+            return processor, model.to(device).eval(), device, threading.Lock()
 
         return shared(("sam", p.model, device, str(dtype)), build)
 
@@ -108,14 +108,14 @@ class SamBackend:
     def segment(self, image: Image.Image, bbox: list[float]) -> tuple[np.ndarray, float, list[float]]:
         import torch
 
-        processor, model, device = self._model.get()
+        processor, model, device, lock = self._model.get()
         rgb = to_rgb(image)
         box_px = bbox_to_pixels(bbox, rgb.width, rgb.height)
         if box_px[2] - box_px[0] < 1 or box_px[3] - box_px[1] < 1:
             raise ToolError("empty_bbox", f"bbox {bbox} covers no pixels of the {rgb.width}x{rgb.height} image")
         inputs = processor(images=rgb, input_boxes=[[box_px]], return_tensors="pt").to(device)
         inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
-        with self._lock, torch.inference_mode():
+        with lock, torch.inference_mode():
             out = model(**inputs, multimask_output=self.params.multimask)
         masks = processor.image_processor.post_process_masks(
             out.pred_masks.float().cpu(),
