@@ -417,6 +417,40 @@ def test_segment_anything_path_with_stub_package(tmp_path, monkeypatch):
     assert res.data["score"] == 0.9 and res.data["mask_area"] == 250  # the best of the three candidates
 
 
+def test_paddleocr_path_with_stub_package(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    seen: dict = {}
+
+    class PaddleOCR:
+        def __init__(self, **kw):
+            seen["kwargs"] = kw
+
+        def predict(self, bgr):
+            seen["first_pixel_bgr"] = bgr[0, 0].tolist()
+            poly = lambda x0, y0, x1, y1: np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])  # noqa: E731
+            return [
+                {
+                    "rec_texts": ["GRAND", "OPENING", "noise"],
+                    "rec_scores": [0.99, 0.97, 0.2],
+                    "rec_polys": [poly(13, 17, 159, 63), poly(150, 15, 335, 65), poly(0, 90, 10, 99)],
+                }
+            ]
+
+    mod = types.ModuleType("paddleocr")
+    mod.PaddleOCR = PaddleOCR
+    monkeypatch.setitem(sys.modules, "paddleocr", mod)
+    det, rec = tmp_path / "det", tmp_path / "rec"
+    det.mkdir(), rec.mkdir()
+    backend = build_backend("paddleocr", {"text_detection_model_dir": str(det), "text_recognition_model_dir": str(rec), "device": "cpu"})
+    res = _call(backend, "OCR", image=Image.new("RGB", (400, 100), (200, 10, 30)))
+    assert res.ok and res.text == "GRAND OPENING" and res.data["boxes"] == [[13, 15, 335, 65]]  # merged; low score dropped
+    assert seen["first_pixel_bgr"] == [30, 10, 200]
+    kw = seen["kwargs"]
+    assert kw["text_detection_model_dir"] == str(det) and kw["device"] == "cpu" and kw["use_doc_unwarping"] is False
+
+
 def test_cuda_requested_without_cuda():
     import torch
 
