@@ -44,6 +44,21 @@ def median_ms(fn: Callable[[], object], n: int, warmup: int = 10) -> float:
     return statistics.median(times) * 1000
 
 
+def interleaved_medians(fns: dict[str, Callable[[], object]], n: int, warmup: int = 5) -> dict[str, float]:
+    """Median ms of each function, calling them in turn so that load drifting on a shared
+    machine hits every variant alike (sequential blocks were off by +-2 ms here)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(n):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1000 for k, v in times.items()}
+
+
 def throughput(fn: Callable[[], object], inflight: int, total: int) -> float:
     with ThreadPoolExecutor(inflight) as pool:
         list(pool.map(lambda _: fn(), range(inflight * 2)))  # warm every thread's path
@@ -111,47 +126,44 @@ def main() -> int:
         bare_serve = serve.run(BareServeFlip.bind(), name="bare_serve_flip", route_prefix=None)
         hbox = HttpToolbox(f"http://127.0.0.1:{cfg.http.port}")
         handle = serve.get_deployment_handle(PURE_DEPLOYMENT, cfg.app_name)
-        empty = WireRequest("NotServedHere", {})  # returns at once: the Ray round-trip floor
-        ray_floor = median_ms(lambda: handle.remote(empty).result(), args.n)
+        empty = WireRequest("NotServedHere", {})  # returns at once: the Serve round-trip floor
         with httpx.Client() as c:
             http_floor = median_ms(lambda: c.get(f"http://127.0.0.1:{cfg.http.port}/healthz"), args.n)
-        report["floor_ms"] = {"handle": ray_floor, "http": http_floor}
-        print(f"floor (empty round trip): handle {ray_floor:.2f} ms, HTTP {http_floor:.2f} ms")
-        print(
-            "ms, medians. h-ovh = handle - in-process; bare-Ray / bare-Serve = a plain actor / a plain deployment "
-            "flipping the array (no toolserver code); wire = our pack/unpack"
-        )
-        print(f"{'size':>6} {'in-proc':>8} {'handle':>8} {'HTTP':>8} {'h-ovh':>8} {'h-ovh-floor':>11} {'HTTP-ovh':>9} {'bare-Ray':>9} {'bare-Serve':>10} {'h-bareS':>8} {'wire':>6} {'PNG rt':>7}   ratios h/in, HTTP/in")
+        report["http_floor_ms"] = http_floor
         rng = np.random.default_rng(0)
         for size in args.sizes:
             img = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
             req = ToolRequest("Flip", {"image": "img_1"}, {"image": img})
             assert rbox.call(req).ok and hbox.call(req).ok
-            n = max(20, args.n * 512 * 512 // (size * size))
-            t_in = median_ms(lambda: local.call(req), n)
-            t_h = median_ms(lambda: rbox.call(req), n)
-            t_http = median_ms(lambda: hbox.call(req), n)
-            t_png = median_ms(lambda: decode_image(encode_image(img), size * size), max(10, n // 4), warmup=2)
-            t_bare = median_ms(lambda: Image.fromarray(ray.get(bare.flip.remote(np.asarray(img)))), n)
-            t_wire = median_ms(lambda: wire_round_trip(req), n)
-            t_bare_serve = median_ms(lambda: Image.fromarray(bare_serve.remote(np.asarray(img)).result()), n)
-            row = {
-                "in_process_ms": t_in,
-                "handle_ms": t_h,
-                "http_ms": t_http,
-                "handle_overhead_ms": t_h - t_in,
-                "handle_overhead_above_floor_ms": t_h - t_in - ray_floor,
-                "http_overhead_ms": t_http - t_in,
-                "png_round_trip_ms": t_png,
-                "bare_ray_actor_ms": t_bare,
-                "wire_pack_unpack_ms": t_wire,
-                "bare_serve_deployment_ms": t_bare_serve,
-                "handle_over_bare_serve_ms": t_h - t_bare_serve,
-            }
-            report["sizes"][size] = row
+            n = max(30, args.n * 512 * 512 // (size * size))
+            m = interleaved_medians(
+                {
+                    "in_process": lambda: local.call(req),
+                    "handle": lambda: rbox.call(req),
+                    "handle_floor": lambda: handle.remote(empty).result(),
+                    "bare_serve": lambda: Image.fromarray(bare_serve.remote(np.asarray(img)).result()),
+                    "bare_ray": lambda: Image.fromarray(ray.get(bare.flip.remote(np.asarray(img)))),
+                    "wire_pack_unpack": lambda: wire_round_trip(req),
+                },
+                n,
+            )
+            m["http"] = median_ms(lambda: hbox.call(req), max(10, n // 5), warmup=3)
+            m["png_round_trip"] = median_ms(lambda: decode_image(encode_image(img), size * size), max(10, n // 5), warmup=2)
+            m["handle_overhead"] = m["handle"] - m["in_process"]
+            m["handle_overhead_above_floor"] = m["handle_overhead"] - m["handle_floor"]
+            m["handle_over_bare_serve"] = m["handle"] - m["bare_serve"]
+            m["http_overhead"] = m["http"] - m["in_process"]
+            report["sizes"][size] = m
             print(
-                f"{size:>6} {t_in:>8.2f} {t_h:>8.2f} {t_http:>8.2f} {t_h - t_in:>8.2f} {t_h - t_in - ray_floor:>11.2f} "
-                f"{t_http - t_in:>9.2f} {t_bare:>9.2f} {t_bare_serve:>10.2f} {t_h - t_bare_serve:>8.2f} {t_wire:>6.2f} {t_png:>7.2f}   {t_h / t_in:6.1f}x {t_http / t_in:6.1f}x"
+                f"Flip {size}x{size}: in-process {m['in_process']:.2f} ms | handle {m['handle']:.2f} ms "
+                f"({m['handle'] / m['in_process']:.0f}x) | HTTP {m['http']:.2f} ms ({m['http'] / m['in_process']:.0f}x)\n"
+                f"  handle overhead {m['handle_overhead']:.2f} ms = Serve floor {m['handle_floor']:.2f} (empty call) "
+                f"+ {m['handle_overhead_above_floor']:.2f} above it\n"
+                f"  same bytes without toolserver code: bare Serve deployment {m['bare_serve']:.2f} ms, bare Ray actor "
+                f"{m['bare_ray']:.2f} ms -> ours is {m['handle_over_bare_serve']:+.2f} ms over bare Serve; "
+                f"our wire pack/unpack alone {m['wire_pack_unpack']:.2f} ms\n"
+                f"  HTTP overhead {m['http_overhead']:.2f} ms (healthz floor {http_floor:.2f} ms; one PNG encode+decode "
+                f"{m['png_round_trip']:.2f} ms, four per call)"
             )
         size = args.sizes[0]
         img = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
