@@ -48,7 +48,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     run_build(args.kind, cfg, args.out, use_ray=args.ray, progress=not args.no_progress)
     jpath, ppath = write_report(args.out)
     report = json.loads(jpath.read_text())
-    report_line = {k: report[k] for k in ("rows", "attempts", "keep_rate", "rejected_total")}
+    report_line = {k: report[k] for k in ("rows", "attempts", "keep_rate", "rejected_total", "target_hit_rate") if report.get(k) is not None}
     print(f"built {args.kind} in {time.perf_counter() - t0:.1f} s: {report_line}; report {jpath}, {ppath}")
     return 0
 

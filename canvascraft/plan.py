@@ -98,6 +98,7 @@ class _State:
     segmented: bool = False
     extracted: bool = False
     read_text: bool = False
+    used: list[str] = field(default_factory=list)  # targets, captions, positions already used
 
 
 def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profile: Profile) -> Plan:
@@ -129,7 +130,10 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
             steps.append(Step(tool, "ImageEdit", {"edit_prompt": edit, "target": target}))
         elif tool == "Grounding":
             # Ground the sign when text work follows, so OCR/Crop act on it; else any object.
-            target = "sign" if "sign" in st.labels and any(t in ("OCR", "Crop") for t in later) else _target(st, rng)
+            if "sign" in st.labels and any(t in ("OCR", "Crop") for t in later):
+                target = "sign"
+            else:
+                target = _target(st, rng)
             st.grounded = target
             steps.append(Step(tool, "Grounding", {"target": target}))
         elif tool == "Crop":
@@ -143,7 +147,7 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
             steps.append(Step(tool, "Extract", {"target": st.grounded or _target(st, rng)}))
             st.extracted = True
         elif tool == "Overlayer":
-            pos_name = rng.choice(list(POSITIONS))
+            pos_name = _fresh(list(POSITIONS), st, rng)
             params: dict[str, Any] = {"position_name": pos_name, "position": list(POSITIONS[pos_name])}
             if st.extracted:
                 params["target"] = st.grounded or "object"
@@ -151,7 +155,7 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
             elif st.read_text:
                 steps.append(Step(tool, "Overlayer.ocr", params))  # the text comes from the OCR reply
             else:
-                params["text"] = rng.choice(CAPTIONS)
+                params["text"] = _fresh(CAPTIONS, st, rng)
                 steps.append(Step(tool, "Overlayer.text", params))
         elif tool == "OCR":
             upright = st.rotation == 0 and not st.mirrored
@@ -176,6 +180,13 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
     return Plan(chain, steps, inputs, expect, subject)
 
 
+def _fresh(options: list[str] | tuple[str, ...], st: _State, rng: random.Random) -> str:
+    """A random option among the least used so far, so repeated steps address new things."""
+    least = min(st.used.count(o) for o in options)
+    pick = rng.choice([o for o in options if st.used.count(o) == least])
+    st.used.append(pick)
+    return pick
+
+
 def _target(st: _State, rng: random.Random) -> str:
-    objs = [lbl for lbl in st.labels if lbl != "sign"] or st.labels
-    return rng.choice(objs)
+    return _fresh([lbl for lbl in st.labels if lbl != "sign"] or st.labels, st, rng)

@@ -59,12 +59,21 @@ def reasoning_level(n_conditions: int, state_dependent: int) -> str:
 _LENGTH_RANGE = {"easy": (1, 4), "medium": (5, 8), "hard": (9, 99)}
 
 
-def compose_chain(chains: Any, rng: random.Random, length: str, max_steps: int) -> Chain | None:
+# Templates that can be repeated over several targets on the same image (ground, segment or
+# caption each of several things): long tasks with few distinct tools, as D-easy needs.
+REPEATABLE = frozenset({"Grounding", "SAM", "Extract", "Overlayer"})
+
+
+def compose_chain(chains: Any, rng: random.Random, length: str, max_steps: int, diversity: str = "medium") -> Chain | None:
     """Concatenate sampled templates until the length level is reached (None if overshot)."""
     lo, hi = _LENGTH_RANGE[length]
     hi = min(hi, max_steps)
     tools: list[str] = []
-    for _ in range(12):
+    reps = [c for c in chains if c.weight > 0 and set(c.tools) <= REPEATABLE and c.distinct_tools <= 2]
+    if diversity == "easy" and lo > 2 and reps:
+        c = rng.choices(reps, weights=[c.weight for c in reps], k=1)[0]
+        tools = list(c.tools) * -(-lo // len(c.tools))
+    for _ in range(0 if tools else 12):
         part = list(chains.sample(rng).tools)
         if tools and part[0] == "ImageGeneration":
             part = part[1:]  # only a task without input images starts by generating one
@@ -157,7 +166,7 @@ def build_rl_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str, 
         for attempt in range(cfg.max_attempts):
             rng = random.Random(f"rl:{job.split}:{job.seed}:{slot}:{attempt}")
             stats["attempts"] += 1
-            chain = compose_chain(ctx.chains, rng, target["length"], cfg.max_steps)
+            chain = compose_chain(ctx.chains, rng, target["length"], cfg.max_steps, target["diversity"])
             if chain is None:
                 _bump(stats["rejected"], "length_unmet")
                 continue

@@ -16,11 +16,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from PIL import Image, ImageChops
+from PIL import Image
 
 from canvasagent.episode import Episode, EpisodeConfig, run_episode
 from canvasagent.policies import ScriptedPolicy
 from canvasagent.protocol import format_reply
+from canvasagent.replay import images_equal
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory, Turn
 from canvascraft.chains import Chain, ChainSet
@@ -174,10 +175,6 @@ class ChainPolicy(ScriptedPolicy):
 # -- quality control ---------------------------------------------------------------------------
 
 
-def _same_pixels(a: Image.Image, b: Image.Image) -> bool:
-    return a.size == b.size and a.mode == b.mode and ImageChops.difference(a, b).getbbox() is None
-
-
 def quality_control(traj: Trajectory, plan: Plan, allow_plumbing: bool = False, policy_missing: str | None = None) -> list[str]:
     """Rejection reasons, most fundamental first (empty: keep). Reads only the trajectory."""
     reasons: list[str] = []
@@ -208,7 +205,7 @@ def quality_control(traj: Trajectory, plan: Plan, allow_plumbing: bool = False, 
             out = traj.assets.get(t.output_id)
             src = [traj.assets.get(i) for i in out.provenance.inputs if i in traj.assets]
             # An output identical to its input is a no-op call: redundant supervision.
-            if any(_same_pixels(out.image, s.image) for s in src[:1]):
+            if any(images_equal(out.image, s.image) for s in src[:1]):
                 reasons.append("redundant")
         known.update(t.imglist)
     if policy_missing:

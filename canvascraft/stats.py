@@ -42,6 +42,8 @@ def aggregate(out: str | Path) -> dict[str, Any]:
         "attempts": total.get("attempts", 0),
         "keep_rate": round(total.get("kept", 0) / total["attempts"], 4) if total.get("attempts") else None,
         "rejected_total": rejected,
+        # RL only: share of tasks whose computed R/L/D labels equal the drawn targets.
+        "target_hit_rate": round(1 - total["target_missed"] / total["kept"], 4) if "target_missed" in total and total.get("kept") else None,
         "totals": total,
         "splits": by_split,
     }
