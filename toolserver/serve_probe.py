@@ -16,6 +16,16 @@ from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
 
 
+SLEEP_PREFIX = "probe-sleep:"  # a text argument "probe-sleep:2.5" holds the call 2.5 s (timeout tests)
+
+
+def _requested_sleep(req: ToolRequest) -> float:
+    for v in req.args.values():
+        if isinstance(v, str) and v.startswith(SLEEP_PREFIX):
+            return float(v[len(SLEEP_PREFIX) :])
+    return 0.0
+
+
 class BatchProbe:
     plumbing_only = True
 
@@ -28,11 +38,11 @@ class BatchProbe:
         return ToolResult(True, text, REGISTRY[req.tool].output, data=data, plumbing_only=True, backend="probe")
 
     def __call__(self, req: ToolRequest) -> ToolResult:
-        time.sleep(self.delay_s)
+        time.sleep(self.delay_s + _requested_sleep(req))
         return self._result(req, 1)
 
     def batch_call(self, reqs: list[ToolRequest]) -> list[ToolResult]:
-        time.sleep(self.delay_s)
+        time.sleep(self.delay_s + max(_requested_sleep(r) for r in reqs))
         return [self._result(r, len(reqs)) for r in reqs]
 
 

@@ -35,6 +35,7 @@ TOKEN = "test-token-not-secret"
 MAX_PIXELS = 1_000_000
 MAX_BYTES = 2 * 1024 * 1024
 PROBE = "toolserver.serve_probe:batch_probe"
+PROBE_TIMEOUT_S = 1.0
 
 
 def _free_port() -> int:
@@ -56,6 +57,7 @@ def served():
     probe = cfg.tools["Grounding"]
     probe.backend, probe.params = PROBE, {"delay_s": 0.05}
     probe.max_batch_size, probe.batch_wait_timeout_s = 4, 0.2
+    probe.timeout_s = PROBE_TIMEOUT_S
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         deploy(cfg, TOKEN)
@@ -201,6 +203,42 @@ def test_dynamic_batching_groups_concurrent_calls(ray_box, http_box):
     # Each caller gets its own answer back, whatever batch it rode in.
     assert all(r.data["args"]["reference_text"] == f"object {i}" for i, r in results)
     assert max(r.data["batch_size"] for _, r in results) > 1
+
+
+def test_per_tool_timeouts_become_failed_results(ray_box, http_box, url):
+    """The probe holds a call 2.5 s; Grounding's timeout is 1 s, on both paths."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    slow = sample_request("Grounding")
+    slow.args["reference_text"] = "probe-sleep:2.5"
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda box: box.call(slow), (ray_box, http_box)))
+    assert all(not r.ok and r.error_code == "timeout" for r in results), results
+    assert time.monotonic() - t0 < 2.3  # neither path waited for the tool, nor retried
+    body = {"args": slow.args, "images": {"image": _png_b64(slow.images["image"])}}
+    r = httpx.post(f"{url}/v1/tools/Grounding", json=body, headers=_auth(), timeout=10)
+    assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+
+
+def test_an_episode_runs_over_the_remote_toolbox(http_box, ray_box):
+    """The runner's own loop: a tool failure is an error observation, never an exception."""
+    from canvasagent.episode import EpisodeConfig, run_episode
+    from canvasagent.policies.replay import ScriptedPolicy
+    from canvasagent.protocol import format_reply
+    from canvasagent.tasks import Task
+
+    script = [
+        format_reply("mirror it", {"name": "Flip", "arguments": {"image": "img_1"}}),
+        format_reply("segment", {"name": "SAM", "arguments": {"image": "Flip_0", "bbox": "[0, 0, 500, 500]"}}),
+        format_reply("done", None, terminate=True),
+    ]
+    for box in (http_box, ray_box):
+        policy = ScriptedPolicy(lambda messages, ep, it=iter(list(script)): next(it))
+        traj = run_episode(policy, Task("mirror then segment", [_photo()]), box, EpisodeConfig(max_turns=4))
+        statuses = [(t.status, t.error_code) for t in traj.turns]
+        assert statuses[:2] == [("ok", None), ("error", "backend_not_configured")], statuses
+        assert traj.final_asset() is not None
 
 
 def test_make_toolbox_builds_remote_clients(served, url, monkeypatch):
