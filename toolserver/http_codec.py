@@ -25,7 +25,9 @@ from toolserver.validation import Profile
 PNG_COMPRESS_LEVEL = 0
 
 
-class BadImage(ValueError):
+class BadRequest(ValueError):
+    """A request the edge refuses: `code` is the structured error code (bad_image, ...)."""
+
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code = code
@@ -42,21 +44,21 @@ def decode_image(data: str, max_pixels: int, name: str = "image") -> Image.Image
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError, TypeError):
-        raise BadImage("bad_image", f"images.{name} is not valid base64") from None
+        raise BadRequest("bad_image", f"images.{name} is not valid base64") from None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(raw), formats=["PNG"])
             w, h = img.size
             if w * h > max_pixels:
-                raise BadImage("too_many_pixels", f"images.{name} is {w}x{h} = {w * h:,} pixels, over the {max_pixels:,}-pixel limit")
+                raise BadRequest("too_many_pixels", f"images.{name} is {w}x{h} = {w * h:,} pixels, over the {max_pixels:,}-pixel limit")
             img.load()
-    except BadImage:
+    except BadRequest:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise BadImage("too_many_pixels", f"images.{name} looks like a decompression bomb") from None
+        raise BadRequest("too_many_pixels", f"images.{name} looks like a decompression bomb") from None
     except (OSError, ValueError, SyntaxError):
-        raise BadImage("bad_image", f"images.{name} is not a readable PNG") from None
+        raise BadRequest("bad_image", f"images.{name} is not a readable PNG") from None
     return img
 
 
@@ -71,18 +73,18 @@ def request_to_json(req: ToolRequest) -> dict[str, Any]:
 
 def request_from_json(tool: str, body: Any, max_pixels: int) -> ToolRequest:
     if not isinstance(body, dict):
-        raise BadImage("bad_request", "the request body must be a JSON object")
+        raise BadRequest("bad_request", "the request body must be a JSON object")
     args, raw, images = body.get("args", {}), body.get("raw_args", {}), body.get("images", {})
     if not isinstance(args, dict) or not isinstance(raw, dict) or not isinstance(images, dict):
-        raise BadImage("bad_request", "args, raw_args and images must be JSON objects")
+        raise BadRequest("bad_request", "args, raw_args and images must be JSON objects")
     try:
         profile = Profile(body.get("profile", Profile.CANVASCRAFT.value))
     except ValueError:
-        raise BadImage("bad_request", f"unknown profile {body.get('profile')!r:.40}") from None
+        raise BadRequest("bad_request", f"unknown profile {body.get('profile')!r:.40}") from None
     decoded = {}
     for k, v in images.items():
         if not isinstance(v, str):
-            raise BadImage("bad_image", f"images.{k:.40} must be a base64 PNG string")
+            raise BadRequest("bad_image", f"images.{k:.40} must be a base64 PNG string")
         decoded[k] = decode_image(v, max_pixels, k)
     return ToolRequest(tool, args, decoded, raw or dict(args), profile)
 

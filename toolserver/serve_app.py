@@ -70,9 +70,11 @@ class ToolDeployment:
         self.tool = tools[0] if len(tools) == 1 else "+".join(tools)
         fn = None
         if any(REGISTRY[t].backend is Backend.MODEL for t in tools):
-            assert len(tools) == 1 and backend, f"{tools}: a model tool is deployed alone and with a backend"
+            if len(tools) != 1 or not backend:
+                raise ValueError(f"{tools}: a model tool is deployed alone and with a backend")
             fn = load_backend(backend, params)
         self.backend_name = backend or "pure"
+        self.max_pixels = max_pixels
         self.fn = fn
         self.box = LocalToolbox(backends={self.tool: fn} if fn is not None else {}, max_output_pixels=max_pixels)
         # Model code is rarely thread-safe and a GPU runs one batch at a time anyway: one thread.
@@ -109,13 +111,19 @@ class ToolDeployment:
                 if len(results) == len(reqs):
                     for r in results:
                         r.elapsed_s = r.elapsed_s or (time.perf_counter() - t0) / len(reqs)
-                    return results
+                    return [self._limit_output(r) for r in results]
                 log.error("%s batch_call returned %d results for %d requests; retrying one by one", self.tool, len(results), len(reqs))
             except Exception:
                 # One bad input must not fail its batch-mates: fall back to per-item calls,
                 # where LocalToolbox turns that input's error into its own failed result.
                 log.exception("%s batch_call failed; retrying one by one", self.tool)
         return [self.box.call(r) for r in reqs]
+
+    def _limit_output(self, r: ToolResult) -> ToolResult:
+        # LocalToolbox.call applies this limit on the per-item path; batch_call bypasses it.
+        if r.ok and r.image is not None and r.image.width * r.image.height > self.max_pixels:
+            return ToolResult.failure("output_too_large", f"{self.tool} produced {r.image.width}x{r.image.height}, over the {self.max_pixels:,}-pixel limit")
+        return r
 
     def describe(self) -> dict[str, Any]:
         return {"tools": sorted(self.tools), "backend": self.backend_name, "plumbing_only": self.plumbing_only, "batched": self.batched}
@@ -160,6 +168,14 @@ async def read_limited(request: Request, limit: int) -> bytes:
             raise TooLarge
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _parse_request(tool: str, body: bytes, max_pixels: int) -> ToolRequest:
+    try:
+        payload = json.loads(body)
+    except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+        raise http_codec.BadRequest("bad_request", "the request body is not JSON") from None
+    return http_codec.request_from_json(tool, payload, max_pixels)
 
 
 def authorized(header: str | None, digest: str | None) -> bool:
@@ -232,11 +248,8 @@ class Ingress:
             return _error(413, "request_too_large", f"request body over the {self.cfg.http.max_request_bytes:,}-byte limit")
         loop = asyncio.get_running_loop()
         try:
-            payload = json.loads(body)
-            req = await loop.run_in_executor(self.codec_pool, http_codec.request_from_json, name, payload, self.cfg.max_pixels)
-        except json.JSONDecodeError:
-            return _error(400, "bad_request", "the request body is not JSON")
-        except http_codec.BadImage as e:
+            req = await loop.run_in_executor(self.codec_pool, _parse_request, name, body, self.cfg.max_pixels)
+        except http_codec.BadRequest as e:
             return _error(413 if e.code == "too_many_pixels" else 400, e.code, str(e))
         timeout = self.cfg.timeout_s(name)
         try:
@@ -275,7 +288,15 @@ def build_app(cfg: ServeConfig, token: str | None = None):
         ray_actor_options=dict(cfg.http.ray_actor_options),
         num_replicas=cfg.http.num_replicas,
         max_ongoing_requests=cfg.http.max_ongoing_requests,
-    ).bind(handles, cfg.to_dict(), token_digest(token))
+    ).bind(handles, _resolved(cfg), token_digest(token))
+
+
+def _resolved(cfg: ServeConfig) -> dict[str, Any]:
+    # Backends are already taken from `backends_from`; the ingress may run on a node without
+    # the configs/ directory, so it gets the resolved config, not the reference.
+    data = cfg.to_dict()
+    data["backends_from"] = None
+    return data
 
 
 def deploy(cfg: ServeConfig, token: str | None = None):

@@ -282,6 +282,7 @@ def test_oversized_and_malformed_inputs_are_rejected(url, http_box, ray_box):
 
     bad = [
         ("/v1/tools/Flip", b"not json", 400, "bad_request"),
+        ("/v1/tools/Flip", b"\xff\xfe{", 400, "bad_request"),
         ("/v1/tools/Flip", json.dumps({"args": {}, "images": {"image": "%%%"}}).encode(), 400, "bad_image"),
         ("/v1/tools/Flip", json.dumps({"args": {}, "images": {"image": base64.b64encode(b"GIF89a").decode()}}).encode(), 400, "bad_image"),
         ("/v1/tools/NoSuchTool", b"{}", 404, "unknown_tool"),

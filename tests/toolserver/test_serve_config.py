@@ -12,7 +12,7 @@ from PIL import Image
 
 from toolserver.backends import BACKEND_FACTORIES
 from toolserver.client import HttpToolbox, RayToolbox, RetryPolicy
-from toolserver.http_codec import BadImage, decode_image, encode_image, result_to_json
+from toolserver.http_codec import BadRequest, decode_image, encode_image, result_to_json
 from toolserver.registry import Backend, model_backed
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -199,11 +199,11 @@ def test_wire_request_and_result_round_trip():
 def test_http_codec_limits():
     small = Image.new("L", (50, 40), 7)
     assert decode_image(encode_image(small), 10_000).tobytes() == small.tobytes()
-    with pytest.raises(BadImage) as e:
+    with pytest.raises(BadRequest) as e:
         decode_image(encode_image(small), 1999)
     assert e.value.code == "too_many_pixels"
     for junk in ("***", base64.b64encode(b"\x89PNG\r\n\x1a\nbroken").decode(), base64.b64encode(b"GIF89a....").decode()):
-        with pytest.raises(BadImage) as e:
+        with pytest.raises(BadRequest) as e:
             decode_image(junk, 10_000)
         assert e.value.code == "bad_image"
 
