@@ -11,12 +11,16 @@ import sys
 import threading
 from typing import Sequence
 
+from canvasagent.config import find_config, load_yaml
 from toolserver.serve_config import ServeConfig, ServeConfigError, check_bind, check_placement
 
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        cfg = ServeConfig.load(args.config)
+        data = load_yaml(find_config(args.config, "serve"))
+        if args.backends_from:
+            data["backends_from"] = args.backends_from
+        cfg = ServeConfig.from_dict(data)
         if args.host:
             cfg.http.host = args.host
         if args.port:
@@ -120,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="deploy the tool server")
     s.add_argument("--config", default="local_cpu", help="configs/serve/<name>.yaml or a path")
+    s.add_argument("--backends-from", default=None, help="override backends_from: a configs/tools/<name>.yaml, e.g. offline_plumbing")
     s.add_argument("--dry-run", action="store_true", help="validate the config and GPU placement; load nothing")
     s.add_argument("--address", default=None, help="Ray cluster to join (default: start a local one; 'auto' joins `ray start`)")
     s.add_argument("--host", default=None, help="override http.host")

@@ -166,6 +166,15 @@ def test_cli_dry_run_of_the_paper_config(capsys):
     assert "GPU 0: 1.00 of 1.00" in out and "GPU 1: 1.00 of 1.00" in out and "config OK" in out
 
 
+def test_cli_backends_from_override(capsys):
+    from toolserver.cli import main
+
+    assert main(["serve", "--config", "local_cpu", "--backends-from", "offline_plumbing", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "without a backend" not in out and "ImageGeneration" in out
+    assert main(["serve", "--config", "local_cpu", "--backends-from", "no_such_config", "--dry-run"]) == 2
+
+
 def test_ingress_token_check():
     from toolserver.serve_app import authorized, token_digest
 
