@@ -71,7 +71,7 @@ def test_offline_agent_on_a_tool(agent_config, tmp_path):
     records = json.loads((tmp_path / "ea" / "ea_cot.json").read_text())
     assert len(records) == len(result.rounds) + 1
     assert [m["role"] for m in records[0]["messages"]] == ["system", "user", "assistant"]
-    text = lambda rec, i: rec["messages"][i]["content"][0]["text"]  # noqa: E731
+    text = lambda rec, i: rec["messages"][i]["content"]  # noqa: E731
     assert "(none)" in text(records[0], 1)
     assert text(records[0], 2).endswith("<tool>portrait orientation</tool>")
     assert "<information>" in text(records[1], 1)
@@ -138,5 +138,18 @@ def test_ea_cot_records_render_with_the_policy_chat_template(tmp_path, agent_con
     for rec in records:
         ids = processor.apply_chat_template(rec["messages"], tokenize=True, return_dict=True)["input_ids"]
         text = processor.decode(ids if isinstance(ids[0], int) else ids[0])
-        answer = rec["messages"][2]["content"][0]["text"]
+        answer = rec["messages"][2]["content"]
         assert text.count("<|im_start|>") == 3 and answer[:40] in text
+
+
+def test_ea_cot_records_train_with_the_sft_command(tmp_path, agent_config):
+    """The exported records are SFT data for `python -m canvasagent.train sft` (data.format=sharegpt)."""
+    from canvasagent.train import main as train_main
+
+    build_agent("Crop", tmp_path / "ea", config=agent_config, scorer=fake_score).run("portrait orientation?")
+    rc = train_main([
+        "sft", "--config", "sft_tiny_cpu", "--output-dir", str(tmp_path / "sft"),
+        "--set", "data.format=sharegpt", "--set", f"data.path={tmp_path / 'ea' / 'ea_cot.json'}",
+        "--set", "optim.max_steps=1", "--set", "optim.per_device_train_batch_size=2", "--set", "run.save_steps=1",
+    ])
+    assert rc == 0 and (tmp_path / "sft" / "final" / "config.json").exists()

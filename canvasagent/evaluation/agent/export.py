@@ -4,9 +4,13 @@ Each planner decision becomes one record whose prompt holds the query and every 
 (`<think>` reasoning, `<tool>` the sub-aspect probed, `<information>` the observation) and whose
 target is the next decision: `<think>…</think><tool>sub-aspect</tool>` while probing, or
 `<think>justification</think><summary>…</summary>` at the stop. Records are ShareGPT
-(`messages` with system/user/assistant, `images` empty) with every content a list of text blocks,
-the row layout `canvasagent.training` feeds TRL's SFTTrainer, so a local planner can be
-fine-tuned on them.
+(`messages` with system/user/assistant and string contents, `images` empty), which the SFT
+command reads with `data.format: sharegpt`:
+
+    python -m canvasagent.train sft --config sft_tiny_cpu --set data.format=sharegpt --set data.path=RUN/ea_cot.json
+
+That reader puts the agent's own system turn first, so the protocol is repeated at the top of
+the user turn: a record stays self-describing whichever system text a trainer uses.
 """
 
 from __future__ import annotations
@@ -23,10 +27,6 @@ EA_SYSTEM = (
 )
 
 
-def _text(t: str) -> list[dict[str, Any]]:
-    return [{"type": "text", "text": t}]
-
-
 def _history(rounds: list[Round]) -> str:
     blocks = [
         f"<think>{r.plan.thought}</think><tool>{r.plan.sub_aspect}</tool>\n<information>{r.observation}</information>"
@@ -39,9 +39,9 @@ def _record(question: str, target: str, history: list[Round], answer: str, meta:
     user = f"Question: {question}\nTarget: {target}\nHistory ({len(history)} rounds):\n{_history(history) or '(none)'}"
     return {
         "messages": [
-            {"role": "system", "content": _text(EA_SYSTEM)},
-            {"role": "user", "content": _text(user)},
-            {"role": "assistant", "content": _text(answer)},
+            {"role": "system", "content": EA_SYSTEM},
+            {"role": "user", "content": f"{EA_SYSTEM}\n\n{user}"},
+            {"role": "assistant", "content": answer},
         ],
         "images": [],
         "ea_cot": meta,
