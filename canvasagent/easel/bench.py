@@ -124,12 +124,30 @@ def run(policy: str, cfg: BenchConfig, out_dir: str | Path | None = None,
     modes = list(cfg.budgets) if policy == "painter" else ["aligned"]
     jobs = [(t, policy, m, cfg.painter) for m in modes for t in suite]
     t0 = time.perf_counter()
+    partial = None
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        partial = open(Path(out_dir) / "partial.jsonl", "w")  # survives an interrupted run
+    outs = []
+
+    def keep(o):
+        outs.append(o)
+        if partial is not None:
+            partial.write(json.dumps(o[0].row()) + "\n")
+            partial.flush()
+
     # anchors are instant: worker start-up would dominate, so run them inline
     if cfg.workers > 1 and len(jobs) > 1 and policy == "painter":
         with mp.get_context("spawn").Pool(min(cfg.workers, len(jobs))) as pool:
-            outs = pool.map(_job, jobs, chunksize=1)
+            for o in pool.imap_unordered(_job, jobs, chunksize=1):
+                keep(o)
     else:
-        outs = [_job(j) for j in jobs]
+        for j in jobs:
+            keep(_job(j))
+    if partial is not None:
+        partial.close()
+    order = {(j[0].task_id, str(j[2])): i for i, j in enumerate(jobs)}
+    outs.sort(key=lambda o: order[(o[0].task_id, o[0].mode)])
     wall = time.perf_counter() - t0
     results = [o[0] for o in outs]
     if out_dir is not None:

@@ -41,9 +41,9 @@ class PainterConfig:
     n_strokes: int = 128
     work_res: int = 64  # greedy search and first optimisation stage
     n_candidates: int = 24
-    iters_low: int = 160
-    iters_full: int = 80
-    lr: float = 0.008
+    iters_low: int = 200
+    iters_full: int = 120
+    lr: float = 0.015
     lr_final_frac: float = 0.1  # cosine decay of the step size within each stage
     ssim_weight: float = 0.5
     opt_k: int = 10  # cheaper rasterisation inside the optimisation loop
