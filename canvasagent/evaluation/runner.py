@@ -79,6 +79,18 @@ class EvalRunner:
         self.out = Path(out_dir)
         self.config = config or EvalConfig()
         self.cancel = _Cancelled()
+        # One toolbox per worker thread: model backends load once per worker, not once per task.
+        self._local = threading.local()
+        self._toolboxes: list[Any] = []
+        self._tb_lock = threading.Lock()
+
+    def _toolbox(self) -> Any:
+        tb = getattr(self._local, "toolbox", None)
+        if tb is None:
+            tb = self._local.toolbox = make_toolbox(self.config.tools)
+            with self._tb_lock:
+                self._toolboxes.append(tb)
+        return tb
 
     def _dir(self, task: Task) -> Path:
         return self.out / "trajectories" / task_dir_name(task.id)
@@ -104,11 +116,7 @@ class EvalRunner:
             except Exception as e:  # a corrupt save is rerun, not fatal
                 log.warning("task %s: saved trajectory unreadable (%s); rerunning", task.id, e)
         policy = _CancellablePolicy(self.factory.for_task(task), self.config.guard, self.cancel)
-        toolbox = make_toolbox(self.config.tools)
-        try:
-            traj = run_episode(policy, task, toolbox, EpisodeConfig(max_turns=self.config.max_turns, family=task.family))
-        finally:
-            toolbox.close()
+        traj = run_episode(policy, task, self._toolbox(), EpisodeConfig(max_turns=self.config.max_turns, family=task.family))
         traj.meta["policy"] = self.factory.name
         traj.save(d)  # before scoring: a scorer crash must not lose the episode
         return traj
@@ -172,4 +180,7 @@ class EvalRunner:
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            for tb in self._toolboxes:
+                tb.close()
+            self._toolboxes.clear()
         return [results[i] for i in ids if i in results]
