@@ -14,6 +14,7 @@ only; semantic tasks are scored once at the end).
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -196,3 +197,77 @@ def registry_param_names() -> tuple[str, ...]:
         return tuple(BRUSH_PARAMS)
     except Exception:
         return render.PARAM_NAMES
+
+
+# ---------------------------------------------------------------------------
+# RL task source: a TRL-style environment with S (or the semantic score) as reward
+# ---------------------------------------------------------------------------
+
+def task_from_spec(spec: dict | str) -> Any:
+    """``{"kind": "reconstruction", "category": "natural", "seed": 3}`` or
+    ``{"kind": "semantic", "name": "simple_maze", "seed": 0}`` (or its JSON) -> task."""
+    from . import tasks
+    d = json.loads(spec) if isinstance(spec, str) else dict(spec)
+    if d.get("kind", "reconstruction") == "reconstruction":
+        return tasks.make_reconstruction(d["category"], int(d.get("seed", 0)), d.get("natural_dir"))
+    makers = {"circle_outline": tasks.circle_outline_task, "apple_outline": tasks.apple_outline_task,
+              "simple_maze": tasks.simple_maze_task, "hard_maze": tasks.hard_maze_task}
+    name = d["name"]
+    if name == "handwriting":
+        return tasks.HandwritingTask(word=d.get("word", "hello"))
+    return makers[name](int(d.get("seed", 0)))
+
+
+def grpo_task_rows(n_per_category: int, seed: int = 0, semantic: bool = False) -> list[dict]:
+    """Rows for an RL trainer: instruction prompt + a JSON task spec for ``reset``."""
+    from . import tasks
+    rows = []
+    for cat in tasks.CATEGORIES:
+        for i in range(n_per_category):
+            spec = {"kind": "reconstruction", "category": cat, "seed": seed * 1000 + i}
+            rows.append({"prompt": [{"role": "user", "content": tasks.ReconstructionTask.instruction}],
+                         "task": json.dumps(spec)})
+    if semantic:
+        for name in ("circle_outline", "apple_outline", "handwriting", "simple_maze", "hard_maze"):
+            spec = {"kind": "semantic", "name": name, "seed": seed}
+            rows.append({"prompt": [{"role": "user", "content": task_from_spec(spec).instruction}],
+                         "task": json.dumps(spec)})
+    return rows
+
+
+class EaselEnvironment:
+    """One rollout's environment: ``reset(task=...)``, tool methods, ``reward()``.
+
+    Tool methods mirror the registry's easel family and return the observation
+    text; the current canvas image is ``self.session.canvas``. The outcome
+    reward is the final S for reconstruction and the task score otherwise.
+    """
+
+    def __init__(self) -> None:
+        self.task: Any = None
+        self.session: CanvasSession | None = None
+
+    def reset(self, task: dict | str, **_: Any) -> str:
+        self.task = task_from_spec(task)
+        self.session = CanvasSession.for_task(self.task, track_s=getattr(self.task, "reference", None) is not None)
+        return f"{self.task.instruction} Budget: {self.task.budget} steps."
+
+    def _obs(self, r: StepResult) -> str:
+        extra = f" S={r.s:.4f}." if r.s is not None else ""
+        return f"{r.message}. step {r.steps_used}/{self.session.budget}.{extra}" + (" Episode finished." if r.done else "")
+
+    def brush_stroke(self, **kwargs: Any) -> str:
+        return self._obs(self.session.call("brush_stroke", kwargs))
+
+    def undo(self) -> str:
+        return self._obs(self.session.call("undo", {}))
+
+    def submit(self) -> str:
+        return self._obs(self.session.call("submit", {}))
+
+    def reward(self) -> float:
+        if self.session is None:
+            return 0.0
+        if getattr(self.task, "reference", None) is not None:
+            return float(self.session.similarity().s)
+        return float(self.task.score(self.session.canvas))

@@ -61,3 +61,21 @@ def test_int_coords_mode():
 def test_registry_names_consistent():
     assert set(registry_tool_names()) >= {"brush_stroke", "undo", "submit"}
     assert tuple(registry_param_names()) == render.PARAM_NAMES
+
+
+def test_rl_environment_and_rows():
+    from canvasagent.easel.canvas import EaselEnvironment, grpo_task_rows
+    rows = grpo_task_rows(1, semantic=True)
+    assert len(rows) == 9 and all("task" in r and r["prompt"] for r in rows)
+    env = EaselEnvironment()
+    env.reset(task=rows[0]["task"])
+    base = env.reward()
+    obs = env.brush_stroke(**render.params_to_dict(np.array([0.2, 0.2, 0.5, 0.5, 0.8, 0.8, 0.5, 1, 0.5, 1,
+                                                              *env.task.reference.reshape(-1, 3).mean(0)])))
+    assert "stroke applied" in obs and "S=" in obs
+    assert env.reward() != base
+    assert "Episode finished" in env.submit()
+    maze_row = [r for r in rows if "simple_maze" in r["task"]][0]
+    env.reset(task=maze_row["task"])
+    assert env.reward() == 0.0
+    assert "wall" in env.brush_stroke(xs=0.0, ys=0.5, xc=0.5, yc=0.5, xe=1.0, ye=0.5)
