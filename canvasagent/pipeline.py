@@ -33,9 +33,23 @@ class PipelineConfig:
     # it is evaluated on the first n_eval_base held-out tasks only.
     n_eval_base: int = 8
     eval_max_new_tokens: int = 96
+    # Besides greedy decoding, trained policies are also evaluated by sampling at the training
+    # temperature (what GRPO optimises): `eval_samples` episodes per task.
+    eval_samples: int = 4
     sft_overrides: dict[str, Any] = field(default_factory=dict)
     grpo_overrides: dict[str, Any] = field(default_factory=dict)
     skip_base_eval: bool = False
+    # scripted: templated Crop/Flip/Rotate tasks with reference solutions (learnable by the tiny
+    # model in minutes). canvascraft: a small CanvasCraft-SFT/RL build restricted to the tools
+    # that really run offline; held-out tasks are its RL eval split.
+    data: str = "scripted"
+    cc_sft_n: int = 64
+    cc_rl_n: int = 32
+    cc_eval_n: int = 16
+
+
+#: Tools with real offline backends (pure tools, OCR, SR): the only ones the CPU pipeline uses.
+OFFLINE_TOOLS = ["Crop", "Flip", "Rotate", "Extract", "Overlayer", "OCR", "SR"]
 
 
 def _done(path: Path) -> dict[str, Any] | None:
@@ -58,13 +72,20 @@ class Pipeline:
         self.cfg = cfg
         self.out = Path(cfg.out).resolve()
         seed = cfg.seed
+        data: dict[str, Any] = {}
+        if cfg.data == "canvascraft":
+            data = {"tools.names": OFFLINE_TOOLS, "data.format": "canvascraft"}
+        elif cfg.data != "scripted":
+            raise ValueError(f"unknown pipeline data {cfg.data!r} (scripted | canvascraft)")
+        cc = self.out / "data" / "canvascraft"
         self.sft = TrainConfig.load(cfg.sft_config, {
             "run.output_dir": str(self.out / "sft"), "run.seed": seed, "model.tiny_seed": seed,
-            "data.seed": 1000 * seed, **cfg.sft_overrides,
+            "data.seed": 1000 * seed, **data, **({"data.path": str(cc / "sft")} if data else {}), **cfg.sft_overrides,
         })
         self.grpo = TrainConfig.load(cfg.grpo_config, {
             "run.output_dir": str(self.out / "grpo"), "run.seed": seed, "model.tiny_seed": seed,
-            "data.seed": 1000 * seed + 1, "run.init_from": str(self.out / "sft" / "final"), **cfg.grpo_overrides,
+            "data.seed": 1000 * seed + 1, "run.init_from": str(self.out / "sft" / "final"),
+            **data, **({"data.path": str(cc / "rl")} if data else {}), **cfg.grpo_overrides,
         })
         self.timings: dict[str, float] = {}
 
@@ -73,11 +94,35 @@ class Pipeline:
         from canvasagent.training.common import toolbox_factory
         from canvasagent.training.data import eval_tasks
 
+        if self.cfg.data == "canvascraft":
+            from canvascraft.build import shard_files
+            from canvascraft.formats import read_rows
+            from canvascraft.rl import task_of
+
+            rows = read_rows(shard_files(self.out / "data" / "canvascraft" / "rl", "rl", "eval"))
+            return [task_of(r) for r in rows][: self.cfg.n_eval]
         # Held out: a task seed no training stage uses.
         return eval_tasks(self.sft, self.cfg.n_eval, 1000 * self.cfg.seed + 999, toolbox_factory(self.sft)())
 
+    def _build_canvascraft(self) -> dict[str, Any]:
+        from canvascraft.build import load_build_config, run_build
+
+        base = self.out / "data" / "canvascraft"
+        out: dict[str, Any] = {}
+        for kind, n, extra in (("sft", self.cfg.cc_sft_n, {}), ("rl", self.cfg.cc_rl_n, {"eval_n": self.cfg.cc_eval_n})):
+            bcfg = load_build_config(kind, None, n=n, seed=self.cfg.seed, workers=1, tools_config="offline", **extra)
+            run_build(kind, bcfg, str(base / kind), progress=False)  # resumable: finished shards are kept
+            out[kind] = str(base / kind)
+        return out
+
     def stage_data(self) -> dict[str, Any]:
         from canvasagent.training.data import scripted_tasks
+
+        if self.cfg.data == "canvascraft":
+            paths = self._build_canvascraft()
+            eval_tasks = self._eval_tasks()
+            return {"source": "canvascraft", "paths": paths, "n_eval": len(eval_tasks),
+                    "eval_tools": sorted({t for task in eval_tasks for t in task.expected_tools})}
 
         eval_tasks = self._eval_tasks()
         train_ids = {t.id + t.instruction for t, _ in scripted_tasks(self.sft)}
@@ -90,7 +135,8 @@ class Pipeline:
         return {"n_sft": self.sft.data.n_train, "n_grpo": self.grpo.data.n_train, "n_eval": len(eval_tasks),
                 "source": self.sft.data.format, "eval_overlap_instructions": sum(t.id + t.instruction in train_ids for t in eval_tasks)}
 
-    def _evaluate(self, model_dir: Path, name: str, limit: int | None = None) -> dict[str, Any]:
+    def _evaluate(self, model_dir: Path, name: str, limit: int | None = None, sampled: bool = True) -> dict[str, Any]:
+        from canvasagent.models import load_policy, load_processor
         from canvasagent.training.common import workspace
         from canvasagent.training.evaluate import evaluate_model
         from canvasagent.training.rewarding import make_scorer
@@ -98,15 +144,22 @@ class Pipeline:
         ws = workspace(self.sft)
         toolbox = ws.env_cls.toolbox()
         scorer = make_scorer(self.grpo.grpo.reward_preset, self.grpo.grpo.judge, toolbox)
-        res = evaluate_model(model_dir, self._eval_tasks()[:limit], scorer, toolbox, ws.tool_fns,
-                             max_turns=self.grpo.grpo.max_turns, max_new_tokens=self.cfg.eval_max_new_tokens,
-                             out_dir=self.out / name / "trajectories")
-        return {"model": str(model_dir), "metrics": res.metrics, "per_task": res.scores, "scorer": scorer.source}
+        tasks = self._eval_tasks()[:limit]
+        model, processor = load_policy(str(model_dir)), load_processor(str(model_dir))
+        common = dict(scorer=scorer, toolbox=toolbox, tool_fns=ws.tool_fns, max_turns=self.grpo.grpo.max_turns,
+                      max_new_tokens=self.cfg.eval_max_new_tokens, model=model, processor=processor)
+        res = evaluate_model(model_dir, tasks, out_dir=self.out / name / "trajectories", **common)
+        out = {"model": str(model_dir), "metrics": res.metrics, "per_task": res.scores, "scorer": scorer.source}
+        if sampled and self.cfg.eval_samples > 0:
+            smp = evaluate_model(model_dir, tasks, temperature=self.grpo.grpo.temperature, samples=self.cfg.eval_samples,
+                                 seed=self.cfg.seed, **common)
+            out.update(metrics_sampled=smp.metrics, per_task_sampled=smp.scores)
+        return out
 
     def stage_eval_base(self) -> dict[str, Any]:
         from canvasagent.training.common import resolve_model_path
 
-        return self._evaluate(Path(resolve_model_path(self.sft)), "eval_base", limit=self.cfg.n_eval_base)
+        return self._evaluate(Path(resolve_model_path(self.sft)), "eval_base", limit=self.cfg.n_eval_base, sampled=False)
 
     def stage_sft(self) -> dict[str, Any]:
         from canvasagent.training import run

@@ -14,6 +14,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grpo-config", default="grpo_tiny_cpu")
     p.add_argument("--n-eval", type=int, default=24, help="held-out evaluation tasks")
     p.add_argument("--n-eval-base", type=int, default=8, help="held-out tasks for the untrained model (slow, scores ~0)")
+    p.add_argument("--data", choices=["scripted", "canvascraft"], default="scripted",
+                   help="scripted templated tasks, or a small offline CanvasCraft build")
     p.add_argument("--stage", action="append", help="run only these stages (repeatable)")
     p.add_argument("--skip-base-eval", action="store_true")
     p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="override an SFT config field")
@@ -31,7 +33,7 @@ def _run(args: argparse.Namespace) -> int:
         out=args.out, seed=args.seed, sft_config=args.sft_config, grpo_config=args.grpo_config, n_eval=args.n_eval, n_eval_base=args.n_eval_base,
         sft_overrides=dict(parse_override(s) for s in args.sft_set),
         grpo_overrides=dict(parse_override(s) for s in args.grpo_set),
-        skip_base_eval=args.skip_base_eval,
+        skip_base_eval=args.skip_base_eval, data=args.data,
     )
     results = run_pipeline(cfg, args.stage)
     report = results.get("report") or {}

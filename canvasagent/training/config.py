@@ -86,6 +86,9 @@ class GRPOSection:
     vllm_mode: str = "colocate"  # colocate | server
     vllm_server_base_url: str | None = None
     loss_type: str | None = None  # None keeps TRL's default
+    # group: standard GRPO (advantages / group std). none: no std scaling (Dr. GRPO), which keeps
+    # tiny reward differences (a slightly longer reason) from being blown up to a full ±1 advantage.
+    scale_rewards: str = "group"
 
 
 @dataclass

@@ -78,27 +78,57 @@ def grpo_dataset(cfg: TrainConfig, toolbox_factory: Callable[[], Any]):
 # -- CanvasCraft / public formats (issue 4 owns the readers) ---------------------------------------
 
 
-def _canvascraft_sft_rows(cfg: TrainConfig, system: str) -> list[dict[str, Any]]:
-    """CanvasCraft trajectories -> rows in our layout (the system turn replaced by ours)."""
-    from canvasagent.trajectory import Trajectory
+def _canvascraft_rows(cfg: TrainConfig, kind: str, split: str | None = None) -> list[dict[str, Any]]:
+    from canvascraft.build import shard_files
+    from canvascraft.formats import read_rl_json, read_rows, read_sharegpt
 
     path = cfg.resolve(cfg.data.path)
     assert path is not None
-    try:
-        from canvascraft import io as ccio  # type: ignore[attr-defined]
+    if cfg.data.format == "sharegpt":
+        return read_sharegpt(path)
+    if cfg.data.format == "rl-json":
+        return read_rl_json(path)
+    return read_rows(shard_files(path, kind, split))
 
-        trajs = list(ccio.read_trajectories(path, fmt=cfg.data.format))
-    except (ImportError, AttributeError):
-        # Fallback: a directory of saved trajectories (`Trajectory.save` layout).
-        trajs = [Trajectory.load(p) for p in sorted(path.glob("**/trajectory.json"))]
-    if not trajs:
-        raise FileNotFoundError(f"no trajectories found in {path} (format {cfg.data.format})")
-    return [sft_example(t, system) for t in trajs]
+
+def _canvascraft_sft_rows(cfg: TrainConfig, system: str) -> list[dict[str, Any]]:
+    """CanvasCraft SFT rows -> our layout. Rows that carry the executed trajectory (our parquet,
+    our ShareGPT) go through it; public ShareGPT rows are converted message by message."""
+    from canvascraft.formats import trajectory_of
+
+    out = []
+    for row in _canvascraft_rows(cfg, "sft"):
+        out.append(sft_example(trajectory_of(row), system) if row.get("trajectory") else sharegpt_example(row, system))
+    if not out:
+        raise FileNotFoundError(f"no SFT rows in {cfg.data.path} (format {cfg.data.format})")
+    return out
+
+
+def sharegpt_example(row: dict[str, Any], system: str) -> dict[str, Any]:
+    """A public ShareGPT row (`<image>` placeholders in string contents) in our layout."""
+    from canvasagent.imageio import open_image
+    from canvasagent.training.messages import assistant_message
+
+    roles = {"human": "user", "gpt": "assistant", "observation": "tool", "function": "tool", "function_call": "assistant"}
+    messages: list[dict[str, Any]] = [{"role": "system", "content": [{"type": "text", "text": system}]}]
+    for m in row["messages"]:
+        role = roles.get(m["role"], m["role"])
+        if role == "system":
+            continue  # our system turn (with the tool block) replaces theirs
+        if role == "assistant":
+            messages.append(assistant_message(m["content"]))
+            continue
+        content: list[dict[str, Any]] = []
+        for i, part in enumerate(str(m["content"]).split("<image>")):
+            if i:
+                content.append({"type": "image"})
+            if part:
+                content.append({"type": "text", "text": part})
+        messages.append({"role": role, "content": content})
+    return {"messages": messages, "images": [open_image(c["bytes"]) for c in row["images"]]}
 
 
 def _canvascraft_tasks(cfg: TrainConfig) -> list[Task]:
-    path = cfg.resolve(cfg.data.path)
-    assert path is not None
-    from canvascraft import io as ccio  # type: ignore[attr-defined]
+    from canvascraft.rl import task_of
 
-    return list(ccio.read_tasks(path, fmt=cfg.data.format))
+    return [task_of(r) for r in _canvascraft_rows(cfg, "rl", "train") if r.get("split") in (None, "train")]

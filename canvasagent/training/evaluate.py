@@ -61,29 +61,45 @@ def evaluate_model(
     max_new_tokens: int = 96,
     family: str = "canvasagent",
     out_dir: Path | None = None,
+    temperature: float = 0.0,
+    samples: int = 1,
+    seed: int = 0,
+    model: Any = None,
+    processor: Any = None,
 ) -> EvalResult:
+    """Greedy by default; with `temperature > 0`, `samples` episodes per task (scores averaged per task)."""
+    import torch
+
     from canvasagent.policies.hf_local import HFGenerationConfig, HFLocalPolicy
 
-    inner = HFLocalPolicy(str(model_dir), HFGenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0))
+    inner = HFLocalPolicy(str(model_dir), HFGenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature),
+                          model=model, processor=processor)
     policy = LayoutPolicy(inner, system_text(inner.processor, tool_fns, family))
     cfg = EpisodeConfig(max_turns=max_turns, family=family, tools_in_system_prompt=False)
     trajs, scores = [], []
     t0 = time.perf_counter()
-    for i, task in enumerate(tasks):
-        traj = run_episode(policy, task, toolbox, cfg)
-        s = scorer.score(traj)
-        s["hybrid"] = scorer.total(s)
-        trajs.append(traj)
-        scores.append(s)
-        if out_dir is not None:
-            traj.save(Path(out_dir) / f"{i:03d}_{task.id}")
+    k = samples if temperature > 0 else 1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for i, task in enumerate(tasks):
+            per = []
+            for j in range(k):
+                traj = run_episode(policy, task, toolbox, cfg)
+                s = scorer.score(traj)
+                s["hybrid"] = scorer.total(s)
+                s["format_validity"] = format_validity([traj])
+                per.append(s)
+                trajs.append(traj)
+                if out_dir is not None and j == 0:
+                    traj.save(Path(out_dir) / f"{i:03d}_{task.id}")
+            scores.append(_means(per))
     n = max(1, len(tasks))
     metrics = {
-        "format_validity": format_validity(trajs),
         **_means(scores),
+        "format_validity": format_validity(trajs),  # over all turns (not the mean of per-task shares)
         "success": sum(s.get("align", 0.0) >= 0.95 for s in scores) / n,
-        "terminated": sum(t.terminated for t in trajs) / n,
-        "calls_per_task": sum(len(t.tool_sequence) for t in trajs) / n,
+        "terminated": sum(t.terminated for t in trajs) / len(trajs) if trajs else 0.0,
+        "calls_per_task": sum(len(t.tool_sequence) for t in trajs) / len(trajs) if trajs else 0.0,
         "n_tasks": float(len(tasks)),
         "seconds": time.perf_counter() - t0,
     }

@@ -41,6 +41,7 @@ def grpo_args(cfg: TrainConfig, reward_weights: list[float], with_deepspeed: boo
             # One tool call per turn in our protocol, so tool-calling iterations = turns.
             "max_tool_calling_iterations": g.max_turns,
             "temperature": g.temperature,
+            "scale_rewards": g.scale_rewards,
             "reward_weights": reward_weights,
             # TRL's completion table cannot hold mixed image/text tool messages (see spike); we dump ourselves.
             "log_completions": False,

@@ -10,14 +10,15 @@ COLUMNS = ("format_validity", "rule", "hybrid", "align", "aes", "traj", "success
 ROWS = (("eval_base", "before SFT (base)"), ("eval_sft", "after SFT"), ("eval_grpo", "after GRPO"))
 
 
-def metrics_table(results: dict[str, Any]) -> tuple[str, dict[str, dict[str, float]]]:
+def metrics_table(results: dict[str, Any], field: str = "metrics", suffix: str = "") -> tuple[str, dict[str, dict[str, float]]]:
     rows: dict[str, dict[str, float]] = {}
     lines = ["| stage | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
     for key, label in ROWS:
         r = results.get(key)
-        if not r:
+        if not r or field not in r:
             continue
-        m = r["metrics"]
+        label += suffix
+        m = r[field]
         rows[label] = {c: m.get(c, float("nan")) for c in COLUMNS}
         lines.append(f"| {label} | " + " | ".join(f"{m.get(c, float('nan')):.3f}" for c in COLUMNS) + " |")
     return "\n".join(lines), rows
@@ -34,16 +35,24 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
 
     out = Path(out)
     table, rows = metrics_table(results)
+    table_s, rows_s = metrics_table(results, "metrics_sampled", " [sampled]")
+    rows.update(rows_s)
     sft_png = plot_curves(_history(out / "sft" / "metrics.jsonl"), out / "report" / "sft_curves.png", "SFT")
     grpo_png = plot_curves(_history(out / "grpo" / "metrics.jsonl"), out / "report" / "grpo_curves.png", "GRPO rewards")
     timings = {k: v.get("seconds") for k, v in results.items() if v}
     md = [
         "# CanvasAgent pipeline report",
         "",
-        "Held-out templated tasks, greedy decoding, offline judges "
+        "Held-out tasks, offline judges "
         f"(scorer: {next((v.get('scorer') for v in results.values() if v and v.get('scorer')), 'n/a')}).",
         "",
+        "Greedy decoding:",
+        "",
         table,
+        "",
+        "Sampling at the GRPO training temperature (mean over several episodes per task):",
+        "",
+        table_s,
         "",
         "Stage wall time (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()),
         "",
