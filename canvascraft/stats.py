@@ -67,6 +67,7 @@ def _bar(ax, counts: dict[str, int], title: str, top: int = 15) -> None:
         ax.axis("off")
         return
     labels, values = zip(*items)
+    labels = tuple(lbl if len(lbl) <= 34 else lbl[:33] + "…" for lbl in labels)
     ax.barh(range(len(values)), values, color="#4477aa")
     ax.set_yticks(range(len(values)), labels, fontsize=7)
     ax.invert_yaxis()
@@ -101,7 +102,8 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     ks = sorted(lengths, key=int)
     ax.bar([int(k) for k in ks], [lengths[k] for k in ks], color="#888888")
     ax.set_title("trajectory length (turns)" if report["kind"] == "sft" else "expected steps", fontsize=9)
-    fig.suptitle(f"CanvasCraft {report['kind']}: {report['rows']} rows, keep rate {report['keep_rate']}")
+    rate = f"R/L/D target hit rate {report['target_hit_rate']}" if report["kind"] == "rl" else f"keep rate {report['keep_rate']}"
+    fig.suptitle(f"CanvasCraft {report['kind']}: {report['rows']} rows, {rate}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -382,6 +382,31 @@ def test_public_formats_round_trip_losslessly(sft_build, rl_build, tmp_path):
     assert isinstance(ds[0]["images"][0], Image.Image) and len(ds) == len(sft)
 
 
+def test_released_public_records_without_our_extras(tmp_path):
+    """Records as the public release has them (no canvascraft extras) read into trainable rows."""
+    Image.new("RGB", (20, 10), (1, 2, 3)).save(tmp_path / "a.png")
+    (tmp_path / "rl.json").write_text(json.dumps([{"path": ["Flip", "OCR"], "image": ["a.png"], "prompt": "Fix it.", "extra_info": {"id": "r1", "tone": "implicit"}}]))
+    (rl,) = formats.read_rl_json(tmp_path / "rl.json")
+    assert rl["id"] == "r1" and rl["path"] == ["Flip", "OCR"] and rl["reasoning"] is None
+    user = "img_1: <image>\nFlip it."
+    msgs = [{"role": "user", "content": user}, {"role": "assistant", "content": _GOOD}, {"role": "tool", "content": "<image>Flipped"}]
+    (tmp_path / "sg.json").write_text(json.dumps([{"messages": msgs, "images": ["a.png", "a.png"]}]))
+    (sft,) = formats.read_sharegpt(tmp_path / "sg.json")
+    assert sft["messages"] == msgs and len(sft["images"]) == 2 and sft["n_turns"] == 1
+    formats.write_parquet_atomic([sft], "sft", tmp_path / "s.parquet")
+    formats.write_parquet_atomic([rl], "rl", tmp_path / "r.parquet")
+    assert formats.read_rows([tmp_path / "r.parquet"]) == [rl]
+
+
+def test_folder_source(tmp_path):
+    for i in range(3):
+        Image.new("RGB", (700, 300), (i * 60, 10, 10)).save(tmp_path / f"p{i}.jpg")
+    src = make_source(str(tmp_path))
+    got = src.sample(random.Random(0), frozenset({"image"}), frozenset())
+    assert max(got.image.size) == 512 and got.meta["origin"].startswith("folder:")
+    assert src.sample(random.Random(0), frozenset({"text"}), frozenset()) is None
+
+
 def test_cli_build_stats_convert(tmp_path):
     from canvascraft.__main__ import main
 
