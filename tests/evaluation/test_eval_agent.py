@@ -62,7 +62,9 @@ def test_offline_agent_on_a_tool(agent_config, tmp_path):
     assert r1.stats["n_ok"] == 2 and r1.stats["align"] == 1.0 and r1.samples[0].checks == {"orientation": 1.0}
     # A full-frame crop keeps 60x40 landscape: the square probe fails, so the agent cannot stop on stability.
     assert result.rounds[1].stats["align"] == 0.0
-    assert result.stop.stop and result.stop.justification
+    # Only the aspects the question is about are probed ("visible change" shares no keyword).
+    assert names == ["portrait orientation", "square output"]
+    assert result.stop.stop and "sub-aspect(s) of the question" in result.stop.justification
     assert "Round 1, portrait orientation: alignment 1.00" in result.summary
     saved = json.loads((tmp_path / "ea" / "result.json").read_text())
     assert len(saved["rounds"]) == len(result.rounds) and saved["stop"]["justification"]

@@ -49,11 +49,13 @@ def compatible(aspect: Aspect, target_tool: str | None) -> bool:
 
 
 def rank_aspects(question: str, aspects: list[Aspect], target_tool: str | None) -> list[Aspect]:
-    """Relevant aspects first (by keyword overlap with the question), otherwise in file order."""
+    """The aspects the question is about (keyword overlap), most relevant first; every aspect
+    that applies to the target, in file order, when the question names none of them."""
     words = set(_WORD.findall(question.lower()))
     usable = [a for a in aspects if compatible(a, target_tool)]
     scored = [(-len(words & {k.lower() for k in a.keywords}), i, a) for i, a in enumerate(usable)]
-    return [a for _, _, a in sorted(scored, key=lambda t: (t[0], t[1]))]
+    relevant = [t for t in scored if t[0] < 0]
+    return [a for _, _, a in sorted(relevant or scored, key=lambda t: (t[0], t[1]))]
 
 
 def evidence_summary(question: str, target: str, history: list[Round], stop: PlanStep) -> str:
@@ -113,7 +115,7 @@ class OfflinePlanner:
         todo = [a for a in ranked if a.name not in done]
         if not todo:
             return PlanStep("Every relevant sub-aspect has been probed.", stop=True,
-                            justification=f"all {len(ranked)} sub-aspects that apply to {target} were probed",
+                            justification=f"all {len(ranked)} sub-aspect(s) of the question that apply to {target} were probed",
                             source=self.name)
         nxt = todo[0]
         if history:
