@@ -31,8 +31,14 @@ pixel centre ``x``:
    best sample
    with ``GOLDEN_STEPS`` golden-section iterations inside the bracket of its
    neighbouring samples (bracket width shrinks by 0.618 per iteration).
-   Every pixel of the stroke's bounding box is refined; selections are done
-   with arithmetic masks because boolean ops are slow in torch on CPU.
+   Only pixels whose alpha depends on the refinement are refined: those not
+   provably outside (best sample ``> -0.5 - bound``, where ``bound`` is the
+   most g can gain between samples: half a sample interval times the largest
+   curve speed plus radius change) and not already fully covered by a sample
+   (``< 0.5``) -- unless the opacity varies along the stroke, when covered
+   pixels need ``t*`` for ``a(t*)``. They are gathered into 1-D tensors once;
+   selections inside the search are arithmetic lerps (boolean ops and
+   ``torch.where`` are slow in torch on CPU).
 2. Coverage ``cov = clamp(g(t*) + 0.5, 0, 1)``: a one-pixel linear ramp, i.e.
    the box-filtered area of a straight edge, which is the anti-aliasing.
 3. Stroke alpha ``A = a(t*) * cov``.
@@ -182,8 +188,14 @@ def _step_mask(x: torch.Tensor) -> torch.Tensor:
     return (x * 1e30).clamp_(0.0, 1.0)
 
 
-def _find_tstar(pc: _Poly, k: int, golden_steps: int = GOLDEN_STEPS) -> torch.Tensor:
-    """argmax_t g(t) per pixel: coarse samples then golden-section refinement."""
+def _find_tstar(pc: _Poly, k: int, golden_steps: int = GOLDEN_STEPS,
+                varying: torch.Tensor | None = None) -> torch.Tensor:
+    """argmax_t g(t) per pixel: coarse samples then golden-section refinement.
+
+    Only pixels whose alpha can depend on the refinement are refined (see
+    module docstring); ``varying`` (B,1,1 bool) marks strokes whose opacity
+    changes along t, for which covered pixels need an accurate t* too.
+    """
     best_g = _g_value(0.0, pc)
     best_t = torch.zeros_like(best_g)
     for i in range(1, k):
@@ -192,6 +204,41 @@ def _find_tstar(pc: _Poly, k: int, golden_steps: int = GOLDEN_STEPS) -> torch.Te
         best_t = best_t + _step_mask(g - best_g) * (ti - best_t)
         best_g = torch.maximum(best_g, g)
     step = 1.0 / (k - 1)
+    # g(t*) <= best_g + bound: t* is within step/2 of some sample, and g is
+    # 1-Lipschitz in B(t) plus |r'| in t; |B'(t)| is largest at an end point.
+    speed = torch.maximum(torch.sqrt(pc.AX ** 2 + pc.AY ** 2),
+                          torch.sqrt((pc.AX + 2 * pc.BX) ** 2 + (pc.AY + 2 * pc.BY) ** 2))
+    bound = 0.5 * step * (speed + pc.DR.abs()) + 0.05
+    need = best_g > (-0.5 - bound)  # could be covered
+    if varying is None:
+        need = need & (best_g < 0.5)
+    else:
+        need = need & ((best_g < 0.5) | varying)  # covered pixels need t* only for the opacity
+    n_need = int(need.sum())
+    if n_need == 0:
+        return best_t
+    if n_need > 0.7 * need.numel():
+        return _golden(pc, best_t, best_g, step, golden_steps)
+    # Compact the pixels that need refinement into 1-D tensors (gather once,
+    # scatter once): the golden search is most of the work.
+    shape = best_g.shape
+    hw = shape[1] * shape[2]
+    idx = need.reshape(-1).nonzero().squeeze(1)
+    bi = torch.div(idx, hw, rounding_mode="floor")
+    rem = idx - bi * hw
+    yi = torch.div(rem, shape[2], rounding_mode="floor")
+    xi = rem - yi * shape[2]
+    nb = pc.AX.shape[0]
+    x0 = torch.broadcast_to(pc.X0, (nb, 1, shape[2])).reshape(nb, shape[2])[bi, xi]
+    y0 = torch.broadcast_to(pc.Y0, (nb, shape[1], 1)).reshape(nb, shape[1])[bi, yi]
+    sub = _Poly(x0, *(torch.broadcast_to(v, (nb, 1, 1)).reshape(nb)[bi] for v in (pc.AX, pc.BX)), y0,
+                *(torch.broadcast_to(v, (nb, 1, 1)).reshape(nb)[bi] for v in (pc.AY, pc.BY, pc.R0, pc.DR)))
+    flat_t = best_t.reshape(-1)
+    ts = _golden(sub, flat_t[idx], best_g.reshape(-1)[idx], step, golden_steps)
+    return flat_t.index_copy(0, idx, ts).reshape(shape)
+
+
+def _golden(pc: _Poly, best_t: torch.Tensor, best_g: torch.Tensor, step: float, golden_steps: int) -> torch.Tensor:
     lo = (best_t - step).clamp_(min=0.0)
     hi = (best_t + step).clamp_(max=1.0)
     # Golden-section search on the bracket: g is unimodal there but has a
@@ -244,7 +291,8 @@ def stroke_alpha(params: torch.Tensor, h: int, w: int, *, x_off: int = 0, y_off:
     geo = _geometry(params, h, w)
     with torch.no_grad():
         geo_ng = tuple(g.detach() for g in geo)
-        tstar = _find_tstar(_poly(geo_ng, px, py), k, golden_steps)
+        varying = (geo_ng[9] - geo_ng[8]).abs() > 1e-6
+        tstar = _find_tstar(_poly(geo_ng, px, py), k, golden_steps, varying)
     g = _g_value(tstar, _poly(geo, px, py))
     a0, a1 = geo[8], geo[9]
     opacity = a0 + (a1 - a0) * tstar
