@@ -74,9 +74,11 @@ def evidence_summary(question: str, target: str, history: list[Round], stop: Pla
         best = max(valid, key=lambda t: t[0])
         worst = min(valid, key=lambda t: t[0])
         overall = sum(s for s, _ in valid) / len(valid)
-        lines += ["", f"Verdict: {verdict(overall)} overall (mean {overall:.2f} across rounds). "
-                  f"Strongest: {best[1].plan.sub_aspect} ({best[0]:.2f}, round {best[1].index + 1}); "
-                  f"weakest: {worst[1].plan.sub_aspect} ({worst[0]:.2f}, round {worst[1].index + 1})."]
+        text = f"Verdict: {verdict(overall)} overall (mean {overall:.2f} across {len(valid)} round(s))."
+        if len(valid) > 1:
+            text += (f" Strongest: {best[1].plan.sub_aspect} ({best[0]:.2f}, round {best[1].index + 1}); "
+                     f"weakest: {worst[1].plan.sub_aspect} ({worst[0]:.2f}, round {worst[1].index + 1}).")
+        lines += ["", text]
     else:
         lines += ["", "Verdict: no evidence could be collected."]
     lines.append(f"Why the evaluation stopped: {stop.justification}")
