@@ -39,7 +39,7 @@ from typing import Any, Iterable
 
 import datasets
 
-from canvasagent.formats.sharegpt import iter_records, to_record
+from canvasagent.formats.sharegpt import _norm_messages, iter_records, to_record
 from canvasagent.imageio import to_png_bytes
 from canvasagent.trajectory import Trajectory
 
@@ -107,7 +107,7 @@ def sft_row(traj: Trajectory, source_meta: list[dict[str, Any]], writer: str) ->
         t.policy_s = t.tool_s = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         rec = to_record(traj, tmp, image_prefix="")
-        images = [{"bytes": (Path(tmp) / name).read_bytes(), "path": None} for name in rec["images"]]
+        images = [_load_cell(Path(tmp), name) for name in rec["images"]]
     final = traj.final_asset()
     meta = traj.task.meta
     return {
@@ -174,8 +174,19 @@ def trajectory_of(row: dict[str, Any]) -> Trajectory:
 # -- public ShareGPT ---------------------------------------------------------------------------
 
 
-def _img_name(row_id: str, k: int) -> str:
-    return f"{row_id}_{k}.png"
+def _save_cell(cell: dict[str, Any], out: Path, name: str) -> str:
+    """Write an image cell's bytes as they are (no re-encoding) and return its relative path."""
+    rel = f"images/{name}.png"
+    (out / rel).write_bytes(cell["bytes"])
+    return rel
+
+
+def _save_cells(cells: list[dict[str, Any]], out: Path, row_id: str) -> list[str]:
+    return [_save_cell(c, out, f"{row_id}_{k}") for k, c in enumerate(cells)]
+
+
+def _load_cell(base: Path, rel: str | None) -> dict[str, Any] | None:
+    return {"bytes": (base / rel).read_bytes(), "path": None} if rel else None
 
 
 def write_sharegpt(rows: list[dict[str, Any]], out_dir: str | Path, name: str = "sharegpt.json") -> Path:
@@ -183,17 +194,10 @@ def write_sharegpt(rows: list[dict[str, Any]], out_dir: str | Path, name: str = 
     (out / "images").mkdir(parents=True, exist_ok=True)
     records = []
     for row in rows:
-        paths = []
-        for k, cell in enumerate(row["images"]):
-            rel = f"images/{_img_name(row['id'], k)}"
-            (out / rel).write_bytes(cell["bytes"])
-            paths.append(rel)
         extra = {k: v for k, v in row.items() if k not in ("messages", "images", "final_image")}
         if row.get("final_image"):
-            rel = f"images/{row['id']}_final.png"
-            (out / rel).write_bytes(row["final_image"]["bytes"])
-            extra["final_image"] = rel
-        records.append({"messages": row["messages"], "images": paths, "canvascraft": extra})
+            extra["final_image"] = _save_cell(row["final_image"], out, f"{row['id']}_final")
+        records.append({"messages": row["messages"], "images": _save_cells(row["images"], out, row["id"]), "canvascraft": extra})
     path = out / name
     path.write_text(json.dumps(records, ensure_ascii=False, indent=1))
     return path
@@ -205,14 +209,13 @@ def read_sharegpt(path: str | Path) -> list[dict[str, Any]]:
     rows = []
     for i, rec in enumerate(iter_records(path)):
         extra = dict(rec.get("canvascraft") or {})
-        msgs = [{"role": m.get("role", m.get("from")), "content": m.get("content", m.get("value", ""))} for m in rec.get("messages") or rec.get("conversations") or []]
-        final = extra.pop("final_image", None)
+        msgs = _norm_messages(rec)  # role aliases (human/gpt/observation) as the public reader maps them
         row = {k: None for k in SFT_FEATURES}
         row.update(
             id=str(rec.get("id", f"{path.stem}-{i:06d}")),
             messages=msgs,
-            images=[{"bytes": (path.parent / p).read_bytes(), "path": None} for p in rec.get("images") or []],
-            final_image={"bytes": (path.parent / final).read_bytes(), "path": None} if final else None,
+            images=[_load_cell(path.parent, p) for p in rec.get("images") or []],
+            final_image=_load_cell(path.parent, extra.pop("final_image", None)),
             tools=[],
             n_turns=sum(m["role"] == "assistant" for m in msgs),
         )
@@ -232,19 +235,13 @@ def write_rl_json(rows: list[dict[str, Any]], out_dir: str | Path, name: str = "
     (out / "images").mkdir(parents=True, exist_ok=True)
     records = []
     for row in rows:
-        paths = []
-        for k, cell in enumerate(row["images"]):
-            rel = f"images/{_img_name(row['id'], k)}"
-            (out / rel).write_bytes(cell["bytes"])
-            paths.append(rel)
         extra: dict[str, Any] = {"id": row["id"], "tone": row["tone"]}
         extra.update({k: row[k] for k in _RL_EXTRA if row.get(k) is not None})
         if "checks" in extra:
             extra["checks"] = json.loads(extra["checks"])  # a list in the public file, for humans and judges
         if row.get("reference_image"):
-            rel = f"images/{row['id']}_reference.png"
-            (out / rel).write_bytes(row["reference_image"]["bytes"])
-            extra["reference_image"] = rel
+            extra["reference_image"] = _save_cell(row["reference_image"], out, f"{row['id']}_reference")
+        paths = _save_cells(row["images"], out, row["id"])
         records.append({"path": list(row["path"]), "image": paths, "prompt": row["prompt"], "extra_info": extra})
     path = out / name
     path.write_text(json.dumps(records, ensure_ascii=False, indent=1))
@@ -256,15 +253,14 @@ def read_rl_json(path: str | Path) -> list[dict[str, Any]]:
     rows = []
     for i, rec in enumerate(iter_records(path)):
         extra = dict(rec.get("extra_info") or {})
-        ref = extra.pop("reference_image", None)
         row = {k: None for k in RL_FEATURES}
         row.update(
             id=str(extra.pop("id", f"{path.stem}-{i:06d}")),
             tone=extra.pop("tone", None),
             prompt=rec.get("prompt", ""),
             path=list(rec.get("path") or []),
-            images=[{"bytes": (path.parent / p).read_bytes(), "path": None} for p in rec.get("image") or []],
-            reference_image={"bytes": (path.parent / ref).read_bytes(), "path": None} if ref else None,
+            images=[_load_cell(path.parent, p) for p in rec.get("image") or []],
+            reference_image=_load_cell(path.parent, extra.pop("reference_image", None)),
         )
         if isinstance(extra.get("checks"), list):
             extra["checks"] = dump_checks(extra["checks"])
