@@ -338,15 +338,24 @@ OCRFn = Callable[[np.ndarray], str]
 
 
 def rapidocr_reader() -> OCRFn:
-    """Default OCR callable (rapidocr, loaded lazily once)."""
-    from rapidocr import RapidOCR  # optional dependency
-    engine = RapidOCR()
+    """Default OCR callable: the toolbox's OCR backend (rapidocr, shipped models,
+    loaded lazily once); falls back to rapidocr directly if the toolserver
+    package is unavailable."""
+    from PIL import Image
+    try:
+        from toolserver.backends.ocr import rapidocr as ocr_backend
+        backend = ocr_backend()
 
-    def read(img: np.ndarray) -> str:
-        out = engine(render.to_uint8(img))
-        txts = getattr(out, "txts", None) or ()
-        return " ".join(txts)
-    return read
+        def read(img: np.ndarray) -> str:
+            return " ".join(backend.recognise(Image.fromarray(render.to_uint8(img))).lines)
+        return read
+    except ImportError:
+        from rapidocr import RapidOCR
+        engine = RapidOCR()
+
+        def read_direct(img: np.ndarray) -> str:
+            return " ".join(getattr(engine(render.to_uint8(img)), "txts", None) or ())
+        return read_direct
 
 
 def letter_match(recognised: str, word: str) -> float:

@@ -79,3 +79,13 @@ def test_maze_route_is_connected():
     m = tasks.generate_maze(6, 3)
     assert m.route[0] == (0, 0) and m.route[-1] == (5, 5)
     assert all(abs(a[0] - b[0]) + abs(a[1] - b[1]) == 1 for a, b in zip(m.route, m.route[1:]))
+
+
+def test_handwriting_default_ocr_reads_text():
+    pytest.importorskip("rapidocr")
+    import cv2
+    t = tasks.HandwritingTask(word="hello")
+    img = np.full((256, 256, 3), 255, np.uint8)
+    cv2.putText(img, "hello", (20, 140), cv2.FONT_HERSHEY_SIMPLEX, 2, (30, 30, 110), 6, cv2.LINE_AA)
+    assert t.score(img.astype(np.float32) / 255) == 1.0
+    assert t.score(t.initial_canvas()) == 0.0
