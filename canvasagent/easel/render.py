@@ -27,10 +27,10 @@ distance ``sdf(x) = max_t [ r(t) - |x - B(t)| ]`` (positive inside). For a
 pixel centre ``x``:
 
 1. ``t*`` = argmax of ``g(t) = r(t) - |x - B(t)|``, found by evaluating ``g`` at
-   ``K`` uniformly spaced ``t`` (``K`` grows with resolution) and refining the
-   best sample
-   with ``GOLDEN_STEPS`` golden-section iterations inside the bracket of its
-   neighbouring samples (bracket width shrinks by 0.618 per iteration).
+   ``K = clamp(ceil(max(H, W) / 10), 12, 32)`` uniformly spaced ``t`` and
+   refining the best sample with ``GOLDEN_STEPS = 10`` golden-section
+   iterations inside the bracket of its neighbouring samples (bracket width
+   shrinks by 0.618 per iteration); unrefined pixels keep the best sample.
    Only pixels whose alpha depends on the refinement are refined: those not
    provably outside (best sample ``> -0.5 - bound``, where ``bound`` is the
    most g can gain between samples: half a sample interval times the largest
@@ -44,7 +44,9 @@ pixel centre ``x``:
 3. Stroke alpha ``A = a(t*) * cov``.
 4. Source-over compositing per channel: ``C <- C (1 - A) + c A``.
 
-Strokes are composited in order on a white canvas (1, 1, 1). Everything is
+Single strokes are evaluated only inside the bounding box of their control
+hull grown by the larger radius + 1 px (alpha is exactly 0 outside). Strokes
+are composited in order on a white canvas (1, 1, 1). Everything is
 float32 and free of randomness, so identical inputs give identical outputs.
 ``t*`` is computed without gradient; by the envelope theorem the gradient of
 ``g(t*)`` w.r.t. the parameters is exact at the maximiser, which keeps the
