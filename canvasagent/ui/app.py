@@ -43,6 +43,11 @@ def build_app(config: UIConfig | None = None):
                     step = gr.Button("Step", elem_id="step")
                     run = gr.Button("Run", elem_id="run")
                     stop = gr.Button("Stop", elem_id="stop")
+                with gr.Row():
+                    propose = gr.Button("Propose", elem_id="propose")
+                    approve = gr.Button("Approve", elem_id="approve")
+                    reject = gr.Button("Reject", elem_id="reject")
+                decision = gr.Textbox(label="Edited arguments (JSON or Tool {json}) to approve, or the reason to reject", elem_id="decision")
                 command = gr.Textbox(label="Take over: Tool {json arguments}, or 'done'", elem_id="command")
                 execute = gr.Button("Execute", elem_id="execute")
                 with gr.Row():
@@ -69,6 +74,9 @@ def build_app(config: UIConfig | None = None):
         step.click(lambda st: _outputs(ctl.step(st), st), [state], outs)
         run.click(on_run, [state], outs)
         stop.click(lambda st: _outputs(ctl.stop(st), st), [state], outs)
+        propose.click(lambda st: _outputs(ctl.propose(st), st), [state], outs)
+        approve.click(lambda st, d: _outputs(ctl.approve(st, d or ""), st), [state, decision], outs)
+        reject.click(lambda st, d: _outputs(ctl.reject(st, d or ""), st), [state, decision], outs)
         execute.click(lambda st, c: _outputs(ctl.execute(st, c or ""), st), [state, command], outs)
         rollback.click(lambda st, a: _outputs(ctl.rollback(st, a), st), [state, target], outs)
     return demo

@@ -53,6 +53,7 @@ class UIState:
     session: Session | None = None
     log: list[str] = field(default_factory=list)
     dir: Path | None = None
+    pending: Proposal | None = None  # proposed by the policy, waiting for the user's decision
 
 
 def provenance_caption(asset: Any) -> str:
@@ -165,12 +166,61 @@ class UIController:
             return self.view(st, "start a session first" if s is None else "")
         if s.policy is None:
             return self.view(st, "no policy: type a command and press Execute")
+        if st.pending is not None:  # Step/Run accept what is already proposed
+            return self.approve(st)
         p = s.propose()
         if p.error:
             st.log.append(f"⚠ the policy failed: {p.error}. Take over or press Step to retry.")
             return self.view(st, "policy error")
         self._log_proposal(st, p)
         self._log_result(st, s.approve(p))
+        return self.view(st)
+
+    # -- human in the loop: propose, then approve (as is or edited) or reject -----------------------
+    def propose(self, st: UIState) -> View:
+        s = st.session
+        if s is None or s.done:
+            return self.view(st, "start a session first" if s is None else "")
+        if s.policy is None:
+            return self.view(st, "no policy: type a command and press Execute")
+        if st.pending is None:
+            p = s.propose()
+            if p.error:
+                st.log.append(f"⚠ the policy failed: {p.error}. Take over or try again.")
+                return self.view(st, "policy error")
+            st.pending = p
+            self._log_proposal(st, p)
+            st.log.append("↳ _awaiting your decision: Approve (optionally with edited arguments) or Reject_")
+        return self.view(st, "awaiting approval")
+
+    def approve(self, st: UIState, edit: str = "") -> View:
+        s, p = st.session, st.pending
+        if s is None or p is None:
+            return self.view(st, "nothing proposed: press Propose first")
+        edit = edit.strip()
+        try:
+            if not edit:
+                res = s.approve(p)
+            elif edit.startswith("{"):
+                res = s.edit_arguments(p, json.loads(edit))
+            else:
+                name, _, rest = edit.partition(" ")
+                res = s.edit_arguments(p, json.loads(rest or "{}"), name=name)
+        except (ValueError, json.JSONDecodeError) as e:
+            return self.view(st, f"error: could not use that edit ({e}); nothing was executed")
+        st.pending = None
+        if edit:
+            st.log.append(f"✎ you edited the call: `{edit}`")
+        self._log_result(st, res)
+        return self.view(st)
+
+    def reject(self, st: UIState, reason: str = "") -> View:
+        s, p = st.session, st.pending
+        if s is None or p is None:
+            return self.view(st, "nothing proposed: press Propose first")
+        s.reject(p, reason.strip())
+        st.pending = None
+        st.log.append(f"✗ rejected{(': ' + reason.strip()) if reason.strip() else ''} (the policy sees this)")
         return self.view(st)
 
     def run(self, st: UIState) -> Iterator[View]:
@@ -191,6 +241,7 @@ class UIController:
         s = st.session
         if s is None or s.done:
             return self.view(st, "start a session first" if s is None else "")
+        st.pending = None  # taking over replaces any pending proposal
         st.log.append(f"**You** — `{command.strip()}`")
         self._log_result(st, s.take_over(command))
         return self.view(st)
@@ -199,6 +250,7 @@ class UIController:
         s = st.session
         if s is None or not asset_id:
             return self.view(st, "choose an asset to roll back to")
+        st.pending = None
         try:
             s.rollback(asset_id)
         except KeyError as e:

@@ -66,3 +66,25 @@ def test_bad_spec_and_no_policy(tmp_path):
     ctl.start(st, [img], "x", "")
     assert "no policy" in ctl.step(st).status
     assert ctl.execute(st, 'Flip {"image": "img_1"}').asset_ids[-1] == "Flip_0"
+
+
+def test_propose_then_approve_edit_or_reject(tmp_path):
+    ctl, img = _setup(tmp_path, [FLIP, CROP, CROP])
+    st = UIState()
+    ctl.start(st, [img], "mirror", None)
+    assert ctl.approve(st).status.startswith("nothing proposed")
+    v = ctl.propose(st)
+    assert v.status == "awaiting approval" and v.asset_ids == ["img_1"]  # nothing executed yet
+    assert ctl.propose(st).log_md.count("awaiting your decision") == 1  # asking again keeps the same proposal
+    v = ctl.approve(st)
+    assert v.asset_ids == ["img_1", "Flip_0"] and st.pending is None
+    ctl.propose(st)
+    v = ctl.approve(st, "not json")
+    assert v.status.startswith("error") and st.pending is not None  # a bad edit executes nothing
+    v = ctl.approve(st, '{"image": "Flip_0", "bbox": [0, 0, 1000, 500]}')
+    assert v.asset_ids[-1] == "Crop_0" and "you edited the call" in v.log_md
+    ctl.propose(st)
+    v = ctl.reject(st, "no more crops")
+    assert "rejected: no more crops" in v.log_md and v.asset_ids[-1] == "Crop_0"
+    traj = st.session.trajectory
+    assert [t.status for t in traj.turns] == ["ok", "ok", "error"] and traj.turns[-1].error_code == "user_rejected"
