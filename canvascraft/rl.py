@@ -20,7 +20,7 @@ from canvasagent.tasks import Task
 from canvascraft.chains import Chain
 from canvascraft.formats import dump_checks, png
 from canvascraft.plan import Plan, make_plan
-from canvascraft.sft import ChainPolicy, _bump, missing_backends, pick_inputs, quality_control
+from canvascraft.sft import ChainPolicy, bump, missing_backends, pick_inputs, quality_control
 from toolserver.registry import REGISTRY, Backend
 
 LEVELS = ("easy", "medium", "hard")
@@ -168,11 +168,11 @@ def build_rl_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str, 
             stats["attempts"] += 1
             chain = compose_chain(ctx.chains, rng, target["length"], cfg.max_steps, target["diversity"])
             if chain is None:
-                _bump(stats["rejected"], "length_unmet")
+                bump(stats["rejected"], "length_unmet")
                 continue
             task = _make_task(cfg, ctx, chain, rng, target, profile, job, slot)
             if isinstance(task, str):
-                _bump(stats["rejected"], task)
+                bump(stats["rejected"], task)
                 continue
             hit = all(task["labels"][ax] == target[ax] for ax in target)
             if best is None or hit:
@@ -187,12 +187,12 @@ def build_rl_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str, 
         rows.append(best["row"])
         stats["kept"] += 1
         for ax in ("reasoning", "length", "diversity"):
-            _bump(stats[ax], labels[ax])
-        _bump(stats["tones"], best["row"]["tone"])
-        _bump(stats["steps"], best["row"]["n_steps"])
-        _bump(stats["chains"], best["row"]["chain"] if len(best["row"]["path"]) <= 6 else "composed(>6 steps)")
+            bump(stats[ax], labels[ax])
+        bump(stats["tones"], best["row"]["tone"])
+        bump(stats["steps"], best["row"]["n_steps"])
+        bump(stats["chains"], best["row"]["chain"] if len(best["row"]["path"]) <= 6 else "composed(>6 steps)")
         for c in json.loads(best["row"]["checks"]):
-            _bump(stats["checks"], c["type"])
+            bump(stats["checks"], c["type"])
         stats["with_reference"] += best["row"]["reference_image"] is not None
     return rows, stats
 

@@ -12,7 +12,6 @@ import json
 import logging
 import random
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ from canvasagent.protocol import format_reply
 from canvasagent.replay import images_equal
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory, Turn
-from canvascraft.chains import Chain, ChainSet
+from canvascraft.chains import Chain
 from canvascraft.plan import Plan, Step, correctable_rotations, make_plan
 from canvascraft.sources import ImageSource, SourceImage
 from canvascraft.writers import TONES, Phrasings, Writer
@@ -306,11 +305,6 @@ def build_one(
     return SftOutcome(not reasons, reasons, chain, traj, plan, instruction, tone)
 
 
-def count_reasons(outcomes: list[SftOutcome]) -> Counter:
-    """Each rejection counted once, by its first (most fundamental) reason."""
-    return Counter(o.reasons[0] for o in outcomes if not o.kept)
-
-
 # -- one shard of a build ----------------------------------------------------------------------
 
 
@@ -318,7 +312,7 @@ def new_stats() -> dict[str, Any]:
     return {"slots": 0, "attempts": 0, "kept": 0, "rejected": {}, "skipped_no_backend": {}, "chains": {}, "groups": {}, "tones": {}, "turns": {}}
 
 
-def _bump(d: dict[str, int], key: Any, n: int = 1) -> None:
+def bump(d: dict[str, int], key: Any, n: int = 1) -> None:
     d[str(key)] = d.get(str(key), 0) + n
 
 
@@ -341,11 +335,11 @@ def build_sft_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str,
             for _ in range(cfg.max_skips):
                 chain = ctx.chains.sample(rng)
                 if missing_backends(chain, ctx.toolbox):
-                    _bump(stats["skipped_no_backend"], chain.name)
+                    bump(stats["skipped_no_backend"], chain.name)
                     continue
                 out = build_one(chain, ctx.source, ctx.writer, ctx.phrasings, ctx.toolbox, rng, task_id, cfg.tones, cfg.allow_plumbing, cfg.max_turns, cfg.sr_input_side)
                 if out.reasons and out.reasons[0].startswith("source_lacks"):
-                    _bump(stats.setdefault("skipped_no_source_image", {}), chain.name)
+                    bump(stats.setdefault("skipped_no_source_image", {}), chain.name)
                     out = None
                     continue
                 break
@@ -353,15 +347,15 @@ def build_sft_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str,
                 break  # nothing in the mix can run here
             stats["attempts"] += 1
             if not out.kept:
-                _bump(stats["rejected"], out.reasons[0])
+                bump(stats["rejected"], out.reasons[0])
                 continue
             assert out.traj is not None and out.plan is not None
             out.traj.meta.pop("policy", None)
             rows.append(sft_row(out.traj, [i.meta for i in out.plan.inputs], ctx.writer.name))
             stats["kept"] += 1
-            _bump(stats["chains"], out.chain.name)
-            _bump(stats["groups"], out.chain.group)
-            _bump(stats["tones"], out.tone)
-            _bump(stats["turns"], len(out.traj.turns))
+            bump(stats["chains"], out.chain.name)
+            bump(stats["groups"], out.chain.group)
+            bump(stats["tones"], out.tone)
+            bump(stats["turns"], len(out.traj.turns))
             break
     return rows, stats
