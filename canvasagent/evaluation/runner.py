@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -54,10 +55,6 @@ def task_dir_name(task_id: str) -> str:
     return safe[:120]
 
 
-class _Cancelled(threading.Event):
-    pass
-
-
 class _CancellablePolicy(GuardedPolicy):
     """Raises KeyboardInterrupt between turns once the run is cancelled, which `run_episode`
     turns into a saved trajectory with stop_reason "interrupted"."""
@@ -78,7 +75,7 @@ class EvalRunner:
         self.scorer = scorer
         self.out = Path(out_dir)
         self.config = config or EvalConfig()
-        self.cancel = _Cancelled()
+        self.cancel = threading.Event()
         # One toolbox per worker thread: model backends load once per worker, not once per task.
         self._local = threading.local()
         self._toolboxes: list[Any] = []
@@ -115,6 +112,8 @@ class EvalRunner:
                     return old
             except Exception as e:  # a corrupt save is rerun, not fatal
                 log.warning("task %s: saved trajectory unreadable (%s); rerunning", task.id, e)
+        if d.exists():  # a rerun replaces an unfinished attempt; no stale asset files may remain
+            shutil.rmtree(d)
         policy = _CancellablePolicy(self.factory.for_task(task), self.config.guard, self.cancel)
         traj = run_episode(policy, task, self._toolbox(), EpisodeConfig(max_turns=self.config.max_turns, family=task.family))
         traj.meta["policy"] = self.factory.name
