@@ -28,6 +28,8 @@ def _build_args(p: argparse.ArgumentParser, kind: str) -> None:
     p.add_argument("--no-progress", action="store_true")
     if kind == "rl":
         p.add_argument("--eval-n", type=int, help="held-out eval tasks (built with the config's eval_seed)")
+    else:
+        p.add_argument("--allow-plumbing", action="store_const", const=True, help="keep outputs of random-weight backends (pipeline tests only)")
     p.set_defaults(func=cmd_build, kind=kind)
 
 
@@ -41,6 +43,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     )
     if args.kind == "rl":
         overrides["eval_n"] = args.eval_n
+    else:
+        overrides["allow_plumbing"] = args.allow_plumbing
     cfg = load_build_config(args.kind, args.config, **overrides)
     if args.llm_url or args.llm_model:
         cfg.llm = {**cfg.llm, **({"base_url": args.llm_url} if args.llm_url else {}), **({"model": args.llm_model} if args.llm_model else {})}
