@@ -98,7 +98,11 @@ def _canvascraft_sft_rows(cfg: TrainConfig, system: str) -> list[dict[str, Any]]
 
     out = []
     for row in _canvascraft_rows(cfg, "sft"):
-        out.append(sft_example(trajectory_of(row), system) if row.get("trajectory") else sharegpt_example(row, system))
+        ex = sft_example(trajectory_of(row), system) if row.get("trajectory") else sharegpt_example(row, system)
+        # Images loaded from a temporary folder remember its path, and `datasets` would store the
+        # path instead of the pixels; copies carry the pixels only.
+        ex["images"] = [im.copy() for im in ex["images"]]
+        out.append(ex)
     if not out:
         raise FileNotFoundError(f"no SFT rows in {cfg.data.path} (format {cfg.data.format})")
     return out
