@@ -480,7 +480,7 @@ class _Stub(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_llm_writer_against_a_stub_server():
+def test_llm_writer_against_a_stub_server(tmp_path):
     server = http.server.HTTPServer(("127.0.0.1", 0), _Stub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -494,6 +494,12 @@ def test_llm_writer_against_a_stub_server():
         _Stub.status = 500
         text = w.write(plan, random.Random(0), "explicit")
         assert w.failures == 1 and text and text != "Please mirror my photo."
+        # Wired through a build config: every instruction comes from the endpoint.
+        _Stub.status = 200
+        out = tmp_path / "llm"
+        run_build("sft", _cfg("sft", n=2, writer="llm", llm={"base_url": w.base_url, "model": "stub"}), out, progress=False)
+        rows = formats.read_rows(shard_files(out))
+        assert [r["instruction"] for r in rows] == ["Please mirror my photo."] * 2 and {r["writer"] for r in rows} == {"llm"}
     finally:
         _Stub.status = 200
         server.shutdown()
