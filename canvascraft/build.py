@@ -246,7 +246,11 @@ def _execute_ray(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out:
 
 
 def shard_files(out: str | Path, kind: str | None = None, split: str | None = None) -> list[Path]:
+    """Recorded shard files of a build (only `split`, if given); `kind` guards against reading
+    an RL build as SFT data or the other way round."""
     m = load_manifest(out)
     if m is None:
         raise FileNotFoundError(f"no {MANIFEST} in {out}")
+    if kind is not None and m["kind"] != kind:
+        raise ValueError(f"{out} is a {m['kind']} build, not {kind}")
     return sorted(Path(out) / s["file"] for s in m["shards"].values() if split is None or s["split"] == split)

@@ -321,6 +321,9 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, monkeypatch):
 
 def test_rl_tasks_labels_checks_and_eval_split(rl_build, tmp_path):
     rows = formats.read_rows(shard_files(rl_build))
+    with pytest.raises(ValueError, match="rl build"):
+        shard_files(rl_build, "sft")
+    assert len(shard_files(rl_build, "rl", "eval")) == 1
     train = [r for r in rows if r["split"] == "train"]
     ev = [r for r in rows if r["split"] == "eval"]
     assert len(train) == 8 and len(ev) == 4
