@@ -32,8 +32,20 @@ def _cfg(out: Path, tiny_dir: Path, **extra) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory, tiny_qwen3vl_dir):
+    """Through the command line: `python -m canvasagent.train sft --config ... --set ...`."""
+    from canvasagent.train import main
+
     out = tmp_path_factory.mktemp("sft")
-    summary = run(_cfg(out, tiny_qwen3vl_dir))
+    sets = {"model.name_or_path": str(tiny_qwen3vl_dir), "data.n_train": 8, "optim.max_steps": 4,
+            "optim.per_device_train_batch_size": 2, "run.save_steps": 2, "run.logging_steps": 1, "run.save_total_limit": "null"}
+    argv = ["sft", "--config", "sft_tiny_cpu", "--output-dir", str(out)]
+    for k, v in sets.items():
+        argv += ["--set", f"{k}={v}"]
+    assert main(argv) == 0
+    state = json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+    losses = [h["loss"] for h in state["log_history"] if "loss" in h]
+    summary = {"global_step": state["global_step"], "log_history": state["log_history"], "final": str(out / "final"),
+               "train_loss": sum(losses) / len(losses)}
     return out, summary
 
 
