@@ -79,3 +79,21 @@ def test_rl_environment_and_rows():
     env.reset(task=maze_row["task"])
     assert env.reward() == 0.0
     assert "wall" in env.brush_stroke(xs=0.0, ys=0.5, xc=0.5, yc=0.5, xe=1.0, ye=0.5)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_vals = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 1005), st.text(max_size=3),
+                  st.none(), st.lists(st.floats(0, 1), max_size=2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.sampled_from(list(render.PARAM_NAMES) + ["as", "zz"]), _vals, max_size=15))
+def test_session_never_crashes_on_arbitrary_arguments(args):
+    s = CanvasSession(render.blank_canvas(16), budget=3)
+    r = s.call("brush_stroke", args)
+    assert r.steps_used == 1
+    if r.ok:  # accepted only if every value is a number in [0, 1]
+        assert s.strokes.shape == (1, 13) and np.all((s.strokes >= 0) & (s.strokes <= 1))
+    else:
+        assert np.array_equal(s.canvas, render.blank_canvas(16))
