@@ -170,3 +170,17 @@ def test_reference_images_survive_the_split_round_trip(tmp_path):
     (t,) = load_tasks(tmp_path)
     path = t.meta["reference_images"][0]
     assert path.startswith(str(tmp_path)) and Image.open(path).size == (8, 4)
+
+
+def test_eval_cli_with_an_http_judge_stub(eval_split, tmp_path):
+    """`--judge http --judge-url --judge-model` reach the hybrid reward's OpenAI-compatible judge."""
+    from tests.evaluation.stub_openai import StubOpenAI, chat_payload
+
+    with StubOpenAI(lambda body: (200, chat_payload('{"score": 8, "reason": "stub"}'))) as stub:
+        out = tmp_path / "http"
+        rc = cli_main(["eval", "--policy", "scripted:expected", "--tasks", str(eval_split), "--limit", "1", "--judge", "http",
+                       "--judge-url", stub.base_url, "--judge-model", "judge-vl", "--out", str(out)])
+    assert rc == 0
+    m = json.loads((out / "report.json").read_text())["summary"]["metrics"]
+    assert m["align"] == pytest.approx(0.8) and m["aes"] == pytest.approx(0.8) and m["traj"] == pytest.approx(0.8)
+    assert stub.requests and all(r["model"] == "judge-vl" for r in stub.requests)
