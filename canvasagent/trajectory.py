@@ -166,15 +166,14 @@ class Trajectory:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Trajectory":
-        p = Path(path)
-        if p.is_dir():
-            p = p / "trajectory.json"
-        d = json.loads(p.read_text())
+    def from_dict(cls, d: dict[str, Any], images: dict[str, Any]) -> "Trajectory":
+        """Rebuild from `to_dict()` output plus the asset images keyed by asset ID."""
         store = AssetStore()
         inputs = []
         for a in d.get("assets", []):
-            img = open_image(p.parent / a["file"])
+            if a["id"] not in images:
+                raise ValueError(f"no image given for asset {a['id']}")
+            img = images[a["id"]]
             prov = Provenance.from_dict(a.get("provenance") or {})
             if prov.tool is None:
                 store.add_input(img, a["id"])
@@ -182,7 +181,7 @@ class Trajectory:
             else:
                 asset = store.register_output(prov.tool, img, OutputKind(a["kind"]), prov, a.get("plumbing_only", False))
                 if asset.id != a["id"]:
-                    raise ValueError(f"asset order in {p} is inconsistent: {asset.id} != {a['id']}")
+                    raise ValueError(f"asset order is inconsistent: {asset.id} != {a['id']}")
         task = Task.from_dict(d.get("task") or {}, inputs)
         return cls(
             task=task,
@@ -192,3 +191,12 @@ class Trajectory:
             system_prompt=d.get("system_prompt", ""),
             meta=d.get("meta") or {},
         )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trajectory":
+        p = Path(path)
+        if p.is_dir():
+            p = p / "trajectory.json"
+        d = json.loads(p.read_text())
+        images = {a["id"]: open_image(p.parent / a["file"]) for a in d.get("assets", [])}
+        return cls.from_dict(d, images)

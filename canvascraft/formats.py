@@ -39,8 +39,8 @@ from typing import Any, Iterable
 
 import datasets
 
-from canvasagent.formats.sharegpt import _norm_messages, iter_records, to_record
-from canvasagent.imageio import to_png_bytes
+from canvasagent.formats.sharegpt import iter_records, normalize_messages, to_record
+from canvasagent.imageio import open_image, to_png_bytes
 from canvasagent.trajectory import Trajectory
 
 _IMG = datasets.Image()
@@ -161,14 +161,10 @@ def load_hf(files: Iterable[str | Path]) -> datasets.Dataset:
 
 
 def trajectory_of(row: dict[str, Any]) -> Trajectory:
-    """Rebuild a `Trajectory` (with its assets) from an SFT row, via its saved directory form."""
+    """Rebuild a `Trajectory` (with its assets) from an SFT row."""
     d = json.loads(row["trajectory"])
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "assets").mkdir()
-        for a, cell in zip(d["assets"], row["images"]):
-            (Path(tmp) / a["file"]).write_bytes(cell["bytes"])
-        (Path(tmp) / "trajectory.json").write_text(row["trajectory"])
-        return Trajectory.load(tmp)
+    images = {a["id"]: open_image(cell["bytes"]) for a, cell in zip(d["assets"], row["images"])}
+    return Trajectory.from_dict(d, images)
 
 
 # -- public ShareGPT ---------------------------------------------------------------------------
@@ -209,7 +205,7 @@ def read_sharegpt(path: str | Path) -> list[dict[str, Any]]:
     rows = []
     for i, rec in enumerate(iter_records(path)):
         extra = dict(rec.get("canvascraft") or {})
-        msgs = _norm_messages(rec)  # role aliases (human/gpt/observation) as the public reader maps them
+        msgs = normalize_messages(rec)  # role aliases (human/gpt/observation) as the public reader maps them
         row = {k: None for k in SFT_FEATURES}
         row.update(
             id=str(rec.get("id", f"{path.stem}-{i:06d}")),

@@ -56,7 +56,8 @@ class PublicTrajectory:
     tool_turns: list[RecordedToolTurn | None]  # the tool reply after each assistant turn (None if absent)
 
 
-def _norm_messages(record: dict[str, Any]) -> list[dict[str, str]]:
+def normalize_messages(record: dict[str, Any]) -> list[dict[str, str]]:
+    """Messages as {role, content} strings, with the older ShareGPT role aliases mapped."""
     raw = record.get("messages") or record.get("conversations")
     if not isinstance(raw, list) or not raw:
         raise FormatError("record has no 'messages' list")
@@ -91,7 +92,7 @@ def read_record(
     input_overrides: dict[int, Image.Image] | None = None,
 ) -> PublicTrajectory:
     """Parse one public record into a task, the assistant replies and the recorded tool turns."""
-    msgs = _norm_messages(record)
+    msgs = normalize_messages(record)
     paths = list(record.get("images") or [])
     cursor = 0
 
