@@ -184,3 +184,14 @@ def test_eval_cli_with_an_http_judge_stub(eval_split, tmp_path):
     m = json.loads((out / "report.json").read_text())["summary"]["metrics"]
     assert m["align"] == pytest.approx(0.8) and m["aes"] == pytest.approx(0.8) and m["traj"] == pytest.approx(0.8)
     assert stub.requests and all(r["model"] == "judge-vl" for r in stub.requests)
+
+
+def test_eval_cli_with_the_local_judge_on_the_tiny_model(eval_split, tmp_path, tiny_qwen3vl_dir, capsys):
+    out = tmp_path / "local"
+    rc = cli_main(["eval", "--policy", "scripted:expected", "--tasks", str(eval_split), "--limit", "1", "--judge", "local",
+                   "--judge-model", str(tiny_qwen3vl_dir), "--out", str(out)])
+    assert rc == 0
+    m = json.loads((out / "report.json").read_text())["summary"]["metrics"]
+    assert all(0.0 <= m[k] <= 1.0 for k in ("overall", "align", "aes", "traj", "rule"))
+    assert cli_main(["eval", "--policy", "scripted:flip", "--tasks", str(eval_split), "--judge", "local", "--out", str(tmp_path / "x")]) == 2
+    assert "--judge local needs a checkpoint" in capsys.readouterr().err
