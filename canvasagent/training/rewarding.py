@@ -4,11 +4,9 @@ GRPO's total is Σ weight_k · component_k, which is exactly the hybrid reward w
 are the preset's; giving each component its own function makes TRL log every one of them
 (`rewards/<name>/mean`). The trajectory is scored once per rollout and cached on its env.
 
-Scoring uses the `rewards` package (`rewards.hybrid.HybridReward`, presets in configs/reward/).
-Our own TRL functions (rather than `rewards.hybrid.reward_functions`) are used because the
-trajectory must first be finished with the reply texts only the completion holds
-(`env.trajectory_of`). If `rewards` cannot be imported, a small interim offline scorer with the
-paper's weights stands in, so training never depends on another package being complete.
+Scoring is `rewards.hybrid.HybridReward` (presets in configs/reward/). We wrap it in our own TRL
+functions (rather than `rewards.hybrid.reward_functions`) because each trajectory must first be
+finished with the reply texts that only the completion holds (`env.trajectory_of`).
 """
 
 from __future__ import annotations
@@ -18,88 +16,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from PIL import Image, ImageChops, ImageStat
-
 from canvasagent.trajectory import Trajectory
 from canvasagent.training.env import CanvasEnv, trajectory_of
 
 log = logging.getLogger(__name__)
 
 Scorer = Callable[[Trajectory], dict[str, float]]
-
-#: The paper's hybrid weights (Eq. 1), used when the `rewards` presets are not available.
-PAPER_WEIGHTS: dict[str, float] = {"align": 0.3, "aes": 0.1, "traj": 0.2, "rule": 0.4}
-
-
-# -- interim offline scorer ----------------------------------------------------------------------
-
-
-def _format_score(traj: Trajectory) -> float:
-    turns = [t for t in traj.turns if t.reply]
-    if not turns:
-        return 0.0
-    return sum(1.0 - len({f.check for f in t.findings}) / 5.0 for t in turns) / len(turns)
-
-
-def _action_score(traj: Trajectory) -> float:
-    qs = []
-    for t in traj.turns:
-        if t.call is None:
-            continue
-        c = t.check or {}
-        ref = 1.0 if not c.get("refs_total") else c.get("refs_found", 0) / c["refs_total"]
-        qs.append(
-            0.25 * bool(c.get("name_ok")) + 0.25 * bool(c.get("schema_ok")) + 0.2 * ref
-            + 0.2 * bool(c.get("spec_ok")) + 0.1 * (t.status == "ok")
-        )
-    return sum(qs) / len(qs) if qs else 0.0
-
-
-def _rule_score(traj: Trajectory) -> float:
-    try:
-        from rewards.rule import score_rule
-
-        return float(score_rule(traj).r_rule)
-    except ImportError:
-        errors = sum(t.status in ("error", "parse_error", "no_call") for t in traj.turns)
-        return max(0.0, 0.4 * _format_score(traj) + 0.6 * _action_score(traj) - min(0.5, 0.1 * errors))
-
-
-def _similarity(a: Image.Image, b: Image.Image) -> float:
-    """1 - mean abs pixel difference at 32x32, times an aspect-ratio agreement factor."""
-    ra, rb = a.width / a.height, b.width / b.height
-    shape = min(ra, rb) / max(ra, rb)
-    x, y = (im.convert("RGB").resize((32, 32), Image.Resampling.BILINEAR) for im in (a, b))
-    diff = sum(ImageStat.Stat(ImageChops.difference(x, y)).mean) / (3 * 255)
-    return max(0.0, 1.0 - 2.0 * diff) * shape
-
-
-def interim_scores(traj: Trajectory, toolbox: Any) -> dict[str, float]:
-    final = traj.final_asset()
-    refs = traj.task.meta.get("reference_images") or []
-    ref = refs[0] if refs and isinstance(refs[0], Image.Image) else None
-    if final is None or ref is None:
-        align = 0.0
-    else:
-        align = _similarity(final.image, ref)
-    if final is None:
-        aes = 0.0
-    else:  # a no-reference proxy: contrast of the final image (a blank output scores 0)
-        aes = min(1.0, ImageStat.Stat(final.image.convert("L")).stddev[0] / 64.0)
-    expected = list(traj.task.expected_tools)
-    used = traj.tool_sequence
-    if expected:
-        hit = sum(min(used.count(t), expected.count(t)) for t in set(expected))
-        prec = hit / len(used) if used else 0.0
-        rec = hit / len(expected)
-        traj_s = 0.0 if hit == 0 else 2 * prec * rec / (prec + rec)
-        traj_s *= 1.0 if traj.terminated else 0.5
-    else:
-        traj_s = 1.0 if traj.terminated else 0.0
-    return {"align": align, "aes": aes, "traj": traj_s, "rule": _rule_score(traj)}
-
-
-# -- scorer selection ----------------------------------------------------------------------------
 
 
 @dataclass
@@ -117,26 +39,12 @@ class HybridScorer:
 
 
 def make_scorer(preset: str = "paper", judge: str = "offline", toolbox: Any = None) -> HybridScorer:
-    """The hybrid reward for a preset: from `rewards` when available, else the interim scorer."""
-    try:
-        from rewards import hybrid as rh  # type: ignore[attr-defined]
+    """The hybrid reward of a preset (configs/reward/<preset>.yaml) with the given judge kind."""
+    from rewards.hybrid import HybridReward
 
-        # judge_unweighted=False: training skips judges whose weight is 0 (an ablation preset).
-        reward = rh.HybridReward.from_preset(preset, judge=judge, toolbox=toolbox, judge_unweighted=False)
-        weights = dict(reward.weights)
-        return HybridScorer(weights, lambda t: {k: float(v) for k, v in reward.score(t).items()}, f"rewards:{preset}")
-    except (ImportError, AttributeError) as e:
-        log.info("rewards.hybrid unavailable (%s): using the interim offline scorer with the paper weights", e)
-    if toolbox is None:
-        from canvasagent.config import make_toolbox
-
-        toolbox = make_toolbox("offline")
-    weights = dict(PAPER_WEIGHTS)
-    if preset == "no-outcome":
-        weights.update(align=0.0, aes=0.0)
-    elif preset == "no-process":
-        weights.update(traj=0.0, rule=0.0)
-    return HybridScorer(weights, lambda t: interim_scores(t, toolbox), "interim")
+    # judge_unweighted=False: training skips judges whose weight is 0 (an ablation preset).
+    reward = HybridReward.from_preset(preset, judge=judge, toolbox=toolbox, judge_unweighted=False)
+    return HybridScorer(dict(reward.weights), lambda t: {k: float(v) for k, v in reward.score(t).items()}, f"rewards:{preset}")
 
 
 # -- TRL reward functions ------------------------------------------------------------------------
