@@ -46,6 +46,8 @@ def evaluate_policy(
     tasks = load_tasks(tasks_path, limit=limit)
     scorer = scorer or make_scorer(judge, preset, judge_model, judge_url)
     factory = PolicyFactory(policy)
+    if factory.spec.kind == "human" and config is not None and config.workers > 1:
+        config.workers = 1  # one person answers one prompt at a time
     try:
         results = EvalRunner(factory, scorer, out_dir, config).run(tasks, progress)
     finally:
