@@ -58,7 +58,7 @@ def render_markdown(summary: Summary, title: str, setting: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def bar_chart(values: Mapping[str, float], path: Path, title: str, ylim: tuple[float, float] | None = (0, 1)) -> Path:
+def bar_chart(values: Mapping[str, float], path: Path, title: str, ylim: tuple[float, float] | None = (0, 1.1)) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")  # headless: reports are written on servers and in CI
