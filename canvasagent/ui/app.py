@@ -63,13 +63,23 @@ def build_app(config: UIConfig | None = None):
 
         outs = [state, steps, gallery, target, final, downloads, status, asset_ids]
 
-        def on_start(st, files, text, spec):
-            return _outputs(ctl.start(st, files, text or "", spec), st)
+        def on_start(st, files, text, spec, request: gr.Request):
+            view = ctl.start(st, files, text or "", spec)
+            ctl.track(getattr(request, "session_hash", None), st)
+            return _outputs(view, st)
+
+        def on_unload(request: gr.Request):
+            ctl.tab_closed(getattr(request, "session_hash", None))
+
+        # Gradio injects the request by type hint; postponed annotations are strings naming a
+        # local import it cannot resolve, so hand it the class itself.
+        on_start.__annotations__["request"] = on_unload.__annotations__["request"] = gr.Request
 
         def on_run(st):
             for v in ctl.run(st):
                 yield _outputs(v, st)
 
+        demo.unload(on_unload)  # the tab was closed or reloaded: end its episode, keep everything saved
         start.click(on_start, [state, uploads, instruction, policy], outs)
         step.click(lambda st: _outputs(ctl.step(st), st), [state], outs)
         run.click(on_run, [state], outs)

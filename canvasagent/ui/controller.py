@@ -70,6 +70,18 @@ def provenance_caption(asset: Any) -> str:
 class UIController:
     def __init__(self, config: UIConfig | None = None):
         self.config = config or UIConfig()
+        # Browser session -> its state, so closing the tab can end the episode at once (Gradio
+        # itself drops per-tab state only an hour after the tab goes away).
+        self._tabs: dict[str, UIState] = {}
+
+    def track(self, tab: str | None, st: UIState) -> None:
+        if tab:
+            self._tabs[tab] = st
+
+    def tab_closed(self, tab: str | None) -> None:
+        st = self._tabs.pop(tab or "", None)
+        if st is not None:
+            self.close(st)
 
     # -- rendering -----------------------------------------------------------------------------
     def view(self, st: UIState, status: str = "") -> View:

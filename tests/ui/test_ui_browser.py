@@ -99,3 +99,26 @@ def test_upload_run_replay_and_gallery(app, browser, tmp_path):
     assert traj.meta["rollbacks"] == [{"to": "Flip_0", "dropped_turns": 2}]
     final = sorted((session_dir / "export").glob("final-*Crop_0.png"))
     assert final and Image.open(final[0]).size == (32, 40)  # the download made before the rollback
+
+
+def test_closing_the_tab_mid_episode_ends_and_keeps_the_session(app, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    url, runs = app
+    img = tmp_path / "photo.png"
+    Image.new("RGB", (64, 40), (30, 30, 200)).save(img)
+    first = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    browser.get(url)
+    _wait(lambda: browser.find_element(By.CSS_SELECTOR, "#uploads input[type=file]"), what="the upload input")
+    browser.find_element(By.CSS_SELECTOR, "#uploads input[type=file]").send_keys(str(img))
+    _wait(lambda: "photo" in browser.find_element(By.ID, "uploads").text, what="the upload to finish")
+    browser.find_element(By.ID, "start").click()
+    _wait(lambda: "img_1" in browser.find_element(By.CSS_SELECTOR, "#asset-ids textarea").get_attribute("value"), what="the session to start")
+    browser.find_element(By.ID, "step").click()
+    _wait(lambda: "Flip_0" in browser.find_element(By.CSS_SELECTOR, "#asset-ids textarea").get_attribute("value"), what="one step")
+    browser.close()  # the user closes the tab mid-episode
+    browser.switch_to.window(first)
+    (session_dir,) = list(runs.iterdir())
+    traj = _wait(lambda: (t := Trajectory.load(session_dir)).stop_reason == "user_closed" and t, timeout=30, what="the session to end")
+    assert traj.tool_sequence == ["Flip"] and traj.assets.ids() == ["img_1", "Flip_0"]
