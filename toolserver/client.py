@@ -63,7 +63,8 @@ def _not_served(tool: str) -> ToolResult:
 
 
 class RayToolbox:
-    """Calls tool deployments directly through Serve handles (no HTTP, no PNG)."""
+    """Calls tool deployments directly through Serve handles (no HTTP, no PNG): images travel
+    through /dev/shm to replicas on this host, as numpy arrays to others (`toolserver.wire`)."""
 
     def __init__(
         self,
@@ -72,15 +73,21 @@ class RayToolbox:
         profile: Profile = Profile.CANVASCRAFT,
         retry: RetryPolicy | None = None,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        shm: bool | None = None,
     ):
+        """`shm`: pass images through /dev/shm when the replica shares this host (default: when
+        /dev/shm is usable; a replica elsewhere turns it off for its deployment)."""
         import ray
         from ray import serve
 
         from toolserver.serve_app import RETRYABLE
+        from toolserver.wire import shm_available
 
         self.profile = profile
         self.retry = retry or RetryPolicy()
         self._retryable = RETRYABLE
+        self.shm = shm_available() if shm is None else shm
+        self._shm_off: set[str] = set()
         if not ray.is_initialized():
             # "auto" joins the cluster on this node that `toolserver serve` / `ray start` made.
             ray.init(address=address or "auto", log_to_driver=False)
@@ -105,7 +112,7 @@ class RayToolbox:
         return result
 
     def _call(self, request: ToolRequest) -> ToolResult:
-        from toolserver.wire import WireRequest
+        from toolserver.wire import SHM_UNAVAILABLE, WireRequest
 
         info = self.manifest.get(request.tool)
         if info is None:
@@ -121,7 +128,9 @@ class RayToolbox:
                     "too_many_pixels", f"images.{name} is {img.width}x{img.height}, over the {self.max_pixels:,}-pixel limit"
                 )
         handle, timeout = self.handles[request.tool], float(info["timeout_s"])
-        wire = WireRequest.pack(request)
+        deployment = info["deployment"]
+        use_shm = self.shm and deployment not in self._shm_off
+        wire = WireRequest.pack(request, shm=use_shm)
 
         def attempt() -> ToolResult | Exception:
             resp = handle.remote(wire)
@@ -133,14 +142,24 @@ class RayToolbox:
             except self._retryable as e:
                 return e
 
-        return _with_retries(self.retry, attempt, request.tool)
+        try:
+            result = _with_retries(self.retry, attempt, request.tool)
+        finally:
+            wire.release()  # after every retry: they all reuse the same files
+        if wire.uses_shm and result.error_code == SHM_UNAVAILABLE:
+            # The replica is on another host: arrays from now on, for this deployment.
+            log.warning("%s: replica cannot see this host's shared memory; sending arrays from now on", deployment)
+            self._shm_off.add(deployment)
+            return self._call(request)
+        return result
 
     def close(self) -> None:
         self.local.close()
 
 
 class HttpToolbox:
-    """Calls the ingress over HTTP with base64 PNG images."""
+    """Calls the ingress over HTTP: raw-pixel frames when the server lists that format (and
+    `raw` is on), otherwise the public JSON format with base64 PNG images."""
 
     RETRY_STATUS = frozenset({500, 502, 503})  # 504 is a tool timeout: rerunning it would double the wait
     MANIFEST_RETRY_S = 10.0
@@ -154,6 +173,7 @@ class HttpToolbox:
         max_pixels: int = DEFAULT_MAX_PIXELS,
         timeout_margin_s: float = 5.0,
         transport: Any = None,  # an httpx transport, for tests
+        raw: bool = True,
     ):
         import httpx
 
@@ -166,11 +186,15 @@ class HttpToolbox:
         self.client = httpx.Client(
             base_url=url.rstrip("/"), headers=headers, timeout=DEFAULT_TIMEOUT_S + timeout_margin_s, transport=transport
         )
+        self.raw_wanted = raw
+        self._raw = False  # set once the server's manifest lists the raw format
         self._timeouts: dict[str, float] | None = None
         self._next_fetch = 0.0
         self._lock = threading.Lock()
 
     def _timeout(self, tool: str) -> float:
+        from toolserver import http_codec
+
         # Fetched lazily, so building a toolbox does not need the server up yet; after a failed
         # fetch, asked again at most every MANIFEST_RETRY_S rather than on every call.
         with self._lock:
@@ -178,7 +202,9 @@ class HttpToolbox:
                 try:
                     r = self.client.get("/v1/tools", timeout=10)
                     r.raise_for_status()
-                    self._timeouts = {t["name"]: float(t["timeout_s"]) for t in r.json()["tools"]}
+                    listing = r.json()
+                    self._timeouts = {t["name"]: float(t["timeout_s"]) for t in listing["tools"]}
+                    self._raw = self.raw_wanted and http_codec.RAW_CONTENT_TYPE in listing.get("formats", ())
                 except Exception as e:
                     self._next_fetch = time.monotonic() + self.MANIFEST_RETRY_S
                     log.warning("could not read tool timeouts from the server (%s); using %g s for now", e, DEFAULT_TIMEOUT_S)
@@ -189,28 +215,35 @@ class HttpToolbox:
 
         t0 = time.perf_counter()
         try:
-            body = json.dumps(http_codec.request_to_json(request)).encode()
-            result = self._post(request.tool, body)
+            timeout = self._timeout(request.tool) + self.margin  # first: it learns the formats
+            if self._raw:
+                body, ctype = http_codec.request_to_raw(request), http_codec.RAW_CONTENT_TYPE
+            else:
+                body, ctype = json.dumps(http_codec.request_to_json(request)).encode(), http_codec.JSON_CONTENT_TYPE
+            result = self._post(request.tool, body, ctype, timeout)
         except Exception as e:
             log.exception("http toolbox failed on %s", request.tool)
             result = ToolResult.failure("toolserver_error", f"{request.tool}: {type(e).__name__}: {str(e)[:300]}")
         result.elapsed_s = time.perf_counter() - t0
         return result
 
-    def _post(self, tool: str, body: bytes) -> ToolResult:
+    def _post(self, tool: str, body: bytes, content_type: str, timeout: float) -> ToolResult:
         from toolserver import http_codec
 
         httpx = self._httpx
-        timeout = self._timeout(tool) + self.margin
+        # Ask for the fast form only when sending it: the server spoke raw in its manifest.
+        headers = {"content-type": content_type, "accept": content_type}
 
         def attempt() -> ToolResult | Exception:
             try:
-                r = self.client.post(f"/v1/tools/{tool}", content=body, headers={"content-type": "application/json"}, timeout=timeout)
+                r = self.client.post(f"/v1/tools/{tool}", content=body, headers=headers, timeout=timeout)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
                 return e
             except httpx.TimeoutException:
                 return ToolResult.failure("timeout", f"{tool} did not answer within {timeout:g} s")
             if r.status_code == 200:
+                if http_codec.media_type(r.headers.get("content-type")) == http_codec.RAW_CONTENT_TYPE:
+                    return http_codec.result_from_raw(r.content, self.max_pixels)
                 return http_codec.result_from_json(r.json(), self.max_pixels)
             if r.status_code in self.RETRY_STATUS:
                 return RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")

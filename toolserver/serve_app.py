@@ -1,7 +1,8 @@
 """The Ray Serve application: one deployment per served tool, plus an HTTP ingress.
 
-Inside Ray, requests and results travel as `toolserver.wire` objects (numpy arrays); PNG and
-base64 exist only in the ingress, for HTTP callers. Every replica executes through a
+Inside Ray, requests and results travel as `toolserver.wire` objects (raw pixels through
+/dev/shm on one host, numpy arrays across hosts); PNG and base64 exist only in the ingress, for
+HTTP callers. Every replica executes through a
 `LocalToolbox`, so errors, output limits and plumbing-only warnings behave exactly as they do
 in-process.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
@@ -31,13 +32,14 @@ from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
 from toolserver.serve_config import Mode, ServeConfig, check_bind, ray_actor_options, unconfigured_result
 from toolserver.toolbox import LocalToolbox
-from toolserver.wire import WireRequest, WireResult
+from toolserver.wire import SHM_UNAVAILABLE, ShmMissing, WireRequest, WireResult, shm_available, sweep_orphans
 
 log = logging.getLogger(__name__)
 
 INGRESS_NAME = "Ingress"
 # Errors after which the same call may succeed on another (or a restarted) replica.
 RETRYABLE = (RayActorError, DeploymentUnavailableError, BackPressureError)
+SHM_SWEEP_EVERY_S = 60.0
 
 
 def load_backend(name: str, params: dict[str, Any]) -> Any:
@@ -83,6 +85,8 @@ class ToolDeployment:
         if self.batched:
             self._batch.set_max_batch_size(max_batch_size)
             self._batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.outbox: dict[str, float] = {}  # result shm files written -> when (orphan sweep)
+        self.next_sweep = 0.0
         self.plumbing_only = bool(getattr(fn, "plumbing_only", False))
         if self.plumbing_only:
             log.warning("%s is served by the random-weight %r backend: plumbing only, not real results", self.tool, backend)
@@ -90,14 +94,29 @@ class ToolDeployment:
     async def __call__(self, wire: WireRequest) -> WireResult:
         if wire.tool not in self.tools:
             return WireResult.pack(ToolResult.failure("not_served", f"deployment {self.tool} does not serve {wire.tool!r:.60}"))
-        req = wire.unpack()
+        try:
+            req = wire.unpack()
+        except ShmMissing as e:  # the caller is on another host: it resends as arrays
+            return WireResult.pack(ToolResult.failure(SHM_UNAVAILABLE, f"{self.tool}: {e}"))
         if self.fn is None:
             # Pure tools take about a millisecond; a thread hop would cost as much as the tool.
-            return WireResult.pack(self.box.call(req))
-        if self.batched:
-            return WireResult.pack(await self._batch(req))
-        result = await asyncio.get_running_loop().run_in_executor(self.pool, self.box.call, req)
-        return WireResult.pack(result)
+            result = self.box.call(req)
+        elif self.batched:
+            result = await self._batch(req)
+        else:
+            result = await asyncio.get_running_loop().run_in_executor(self.pool, self.box.call, req)
+        return self._reply(result, wire.uses_shm)
+
+    def _reply(self, result: ToolResult, shm: bool) -> WireResult:
+        # A caller that sent shm is on this host and reads the result image from shm too.
+        out = WireResult.pack(result, shm)
+        now = time.monotonic()
+        if out.image is not None and out.image.shm is not None:
+            self.outbox[out.image.shm] = now
+        if now >= self.next_sweep:
+            self.next_sweep = now + SHM_SWEEP_EVERY_S
+            sweep_orphans(self.outbox)
+        return out
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def _batch(self, reqs: list[ToolRequest]) -> list[ToolResult]:
@@ -170,7 +189,9 @@ async def read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _parse_request(tool: str, body: bytes, max_pixels: int) -> ToolRequest:
+def _parse_request(tool: str, body: bytes, max_pixels: int, content_type: str = http_codec.JSON_CONTENT_TYPE) -> ToolRequest:
+    if content_type == http_codec.RAW_CONTENT_TYPE:
+        return http_codec.request_from_raw(tool, body, max_pixels)
     try:
         payload = json.loads(body)
     except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
@@ -199,7 +220,9 @@ class Ingress:
         if self.cfg.http.enabled and auth_digest is None:
             check_bind(self.cfg.http, None)
         self.local = LocalToolbox(max_output_pixels=self.cfg.max_pixels)
-        self.codec_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="png")
+        self.shm = shm_available()
+        self.shm_off: set[str] = set()  # deployments with a replica on another host
+        self.codec_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="codec")
 
     # -- for Ray clients (called through the app handle, not over HTTP)
     def manifest(self) -> dict[str, Any]:
@@ -216,8 +239,17 @@ class Ingress:
             return unconfigured_result(tool)
         if mode is Mode.CALLER:
             return await asyncio.get_running_loop().run_in_executor(None, self.local.call, req)
-        wire = await self.handles[self.cfg.deployment_for(tool)].remote(WireRequest.pack(req))
-        return wire.unpack()
+        deployment = self.cfg.deployment_for(tool)
+        wire = WireRequest.pack(req, shm=self.shm and deployment not in self.shm_off)
+        try:
+            result = (await self.handles[deployment].remote(wire)).unpack()
+        finally:
+            wire.release()
+        if wire.uses_shm and result.error_code == SHM_UNAVAILABLE:
+            log.warning("%s: replica cannot see this host's shared memory; sending arrays from now on", deployment)
+            self.shm_off.add(deployment)
+            return await self.run(tool, req)
+        return result
 
     # -- HTTP
     @api.get("/healthz")
@@ -233,6 +265,7 @@ class Ingress:
             "app": self.cfg.app_name,
             "max_pixels": self.cfg.max_pixels,
             "max_request_bytes": self.cfg.http.max_request_bytes,
+            "formats": list(http_codec.FORMATS),  # request Content-Type / response Accept
             "tools": [{"name": n, **manifest[n], "schema": REGISTRY[n].openai_schema()} for n in manifest],
         }
 
@@ -248,7 +281,8 @@ class Ingress:
             return _error(413, "request_too_large", f"request body over the {self.cfg.http.max_request_bytes:,}-byte limit")
         loop = asyncio.get_running_loop()
         try:
-            req = await loop.run_in_executor(self.codec_pool, _parse_request, name, body, self.cfg.max_pixels)
+            content_type = http_codec.media_type(request.headers.get("content-type"))
+            req = await loop.run_in_executor(self.codec_pool, _parse_request, name, body, self.cfg.max_pixels, content_type)
         except http_codec.BadRequest as e:
             return _error(413 if e.code == "too_many_pixels" else 400, e.code, str(e))
         timeout = self.cfg.timeout_s(name)
@@ -261,6 +295,9 @@ class Ingress:
         except Exception as e:  # structured, never a bare 500 page
             log.exception("ingress failed on %s", name)
             return _error(500, "toolserver_error", f"{name}: {type(e).__name__}: {str(e)[:300]}")
+        if http_codec.accepts_raw(request.headers.get("accept")):
+            raw = await loop.run_in_executor(self.codec_pool, http_codec.result_to_raw, result)
+            return Response(raw, media_type=http_codec.RAW_CONTENT_TYPE)
         out = await loop.run_in_executor(self.codec_pool, http_codec.result_to_json, result)
         return JSONResponse(out)
 

@@ -85,7 +85,16 @@ def ray_box(served):
 def http_box(url):
     from toolserver.client import HttpToolbox
 
-    box = HttpToolbox(url, token=TOKEN)
+    box = HttpToolbox(url, token=TOKEN)  # prefers raw frames, which this server lists
+    yield box
+    box.close()
+
+
+@pytest.fixture(scope="module")
+def json_box(url):
+    from toolserver.client import HttpToolbox
+
+    box = HttpToolbox(url, token=TOKEN, raw=False)  # the public base64 PNG format
     yield box
     box.close()
 
@@ -164,11 +173,10 @@ def test_health_and_tool_listing_come_from_the_registry(url):
 
 
 @pytest.mark.parametrize("tool", [t.name for t in servable_tools()])
-def test_every_tool_through_handle_and_http(tool, served, ray_box, http_box):
+def test_every_tool_through_handle_and_http(tool, served, ray_box, http_box, json_box):
     req = sample_request(tool)
-    via_handle, via_http = ray_box.call(req), http_box.call(req)
     spec = REGISTRY[tool]
-    for res in (via_handle, via_http):
+    for res in (ray_box.call(req), http_box.call(req), json_box.call(req)):
         if spec.backend is Backend.PURE:
             want = LocalToolbox().call(sample_request(tool))
             assert res.ok, res.text
@@ -324,3 +332,41 @@ def test_calls_survive_a_replica_killed_mid_stream(served, ray_box, http_box):
     failures = [text for _, ok, text in results if not ok]
     assert not failures, failures[:3]
     assert sum(1 for ts, _, _ in results if ts > killed_at + 0.5) >= 10, "calls stopped after the kill"
+
+
+def test_raw_frames_at_the_http_edge(url, http_box, json_box, ray_box):
+    from toolserver import http_codec
+
+    assert http_box._raw and not json_box._raw  # negotiated from the server's listing
+    shm_before = _shm_files()
+    big = Image.effect_noise((400, 300), 60).convert("RGB")  # over the shm threshold inside Ray
+    req = ToolRequest("Flip", {"image": "img_1"}, {"image": big})
+    want = big.transpose(Image.Transpose.FLIP_LEFT_RIGHT).tobytes()
+    for box in (http_box, json_box, ray_box):
+        res = box.call(req)
+        assert res.ok and res.image.tobytes() == want, res
+    raw = http_codec.request_to_raw(req)
+    headers = {**_auth(), "content-type": http_codec.RAW_CONTENT_TYPE}
+    r = httpx.post(f"{url}/v1/tools/Flip", content=raw, headers=headers)  # raw in, JSON out: no Accept
+    assert r.status_code == 200 and decode_image_b64(r.json()["image"]).tobytes() == want
+    r = httpx.post(f"{url}/v1/tools/Flip", content=raw, headers={**headers, "accept": http_codec.RAW_CONTENT_TYPE})
+    assert r.headers["content-type"] == http_codec.RAW_CONTENT_TYPE
+    assert http_codec.result_from_raw(r.content, MAX_PIXELS).image.tobytes() == want
+    # Raw bodies get the same limits and structured errors as JSON ones.
+    huge = {"images": {"image": {"mode": "L", "size": [1200, 1000], "offset": 0, "length": 1_200_000}}}
+    head = json.dumps(huge).encode()
+    r = httpx.post(f"{url}/v1/tools/Flip", content=len(head).to_bytes(4, "big") + head, headers=headers)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_many_pixels"
+    r = httpx.post(f"{url}/v1/tools/Flip", content=raw[:-1], headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_image"
+    assert _shm_files() == shm_before  # every shm file written on the way was removed
+
+
+def _shm_files() -> set[str]:
+    from toolserver.wire import SHM_DIR, SHM_PREFIX
+
+    return {p.name for p in SHM_DIR.glob(SHM_PREFIX + "*")}
+
+
+def decode_image_b64(data: str) -> Image.Image:
+    return Image.open(io.BytesIO(base64.b64decode(data)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 
 import httpx
 import numpy as np
@@ -12,8 +13,9 @@ from PIL import Image
 
 from toolserver.backends import BACKEND_FACTORIES
 from toolserver.client import HttpToolbox, RayToolbox, RetryPolicy
+from toolserver import http_codec
 from toolserver.http_codec import BadRequest, decode_image, encode_image, result_to_json
-from toolserver.registry import Backend, model_backed
+from toolserver.registry import Backend, OutputKind, model_backed
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
 from toolserver.serve_config import (
@@ -26,7 +28,17 @@ from toolserver.serve_config import (
     is_loopback,
     servable_tools,
 )
-from toolserver.wire import WireImage, WireRequest, WireResult
+from toolserver.wire import (
+    SHM_DIR,
+    SHM_PREFIX,
+    SHM_UNAVAILABLE,
+    ShmMissing,
+    WireImage,
+    WireRequest,
+    WireResult,
+    shm_available,
+    sweep_orphans,
+)
 
 FAST = RetryPolicy(attempts=3, backoff_s=0.001, max_backoff_s=0.002)
 
@@ -205,6 +217,102 @@ def test_wire_request_and_result_round_trip():
     assert (out.ok, out.text, out.data, out.plumbing_only, out.backend) == (True, "done", {"k": [1]}, True, "x")
 
 
+def _shm_files() -> set[str]:
+    return {p.name for p in SHM_DIR.glob(SHM_PREFIX + "*")}
+
+
+needs_shm = pytest.mark.skipif(not shm_available(), reason="no writable /dev/shm")
+
+
+@needs_shm
+@pytest.mark.parametrize("mode", ["1", "L", "LA", "RGB", "RGBA", "I", "F", "I;16", "P"])
+def test_shm_images_keep_mode_and_pixels_and_clean_up(mode):
+    rng = np.random.default_rng(1)
+    src = Image.fromarray(rng.integers(0, 255, (300, 400, 4), dtype=np.uint8), "RGBA").convert(mode)
+    before = _shm_files()
+    w = WireImage.pack(src, shm=True)
+    # Big enough raw images go through a file; packed bits (mode 1) and palettes do not.
+    assert (w.shm is not None) == (mode not in ("1", "P"))
+    back = w.unpack()
+    assert back.mode == src.mode and back.size == src.size and back.tobytes() == src.tobytes()
+    w.release()
+    assert _shm_files() == before
+
+
+@needs_shm
+def test_shm_request_and_result_ownership():
+    img = Image.effect_noise((256, 256), 50).convert("RGB")
+    before = _shm_files()
+    wire = WireRequest.pack(ToolRequest("Flip", {"image": "img_1"}, {"image": img}), shm=True)
+    assert wire.uses_shm and len(_shm_files() - before) == 1
+    wire.unpack()
+    wire.unpack()  # the replica only reads: a retried call finds the file again
+    wire.release()  # the caller removes it when the call is over
+    out = WireResult.pack(ToolResult(True, "flipped", OutputKind.IMAGE, image=img), shm=True)
+    assert out.image.shm is not None
+    assert out.unpack().image.tobytes() == img.tobytes()  # read once, then removed
+    assert _shm_files() == before
+    small = WireRequest.pack(ToolRequest("Flip", {}, {"image": Image.new("RGB", (8, 8))}), shm=True)
+    assert not small.uses_shm  # Ray inlines small arrays in the RPC itself
+
+
+@needs_shm
+def test_shm_names_are_checked_before_any_file_is_opened():
+    for name in ("../etc/passwd", SHM_PREFIX + "x" * 32, "plasma"):
+        with pytest.raises(ShmMissing):
+            WireImage("L", shm=name, size=(1, 1), nbytes=1).unpack()
+    missing = WireImage("L", shm=SHM_PREFIX + "0" * 32, size=(300, 300), nbytes=90_000)
+    with pytest.raises(ShmMissing):
+        missing.unpack()  # another host's file: the replica answers shm_unavailable
+    w = WireImage.pack(Image.new("L", (300, 300)), shm=True)
+    w.nbytes += 1  # a size that does not match the file is refused, not read past its end
+    with pytest.raises(ShmMissing):
+        w.unpack()
+    w.release()
+
+
+def test_wire_arrays_unpack_read_only_and_strided():
+    img = Image.effect_noise((64, 48), 40).convert("RGB")
+    arr = np.asarray(img).copy()
+    arr.setflags(write=False)  # as Ray's object store hands them out
+    back = WireImage("RGB", array=arr).unpack()
+    assert back.tobytes() == img.tobytes()
+    back.putpixel((0, 0), (1, 2, 3))  # a writable copy, not a view of the store
+    flipped = WireImage("RGB", array=arr[:, ::-1]).unpack()  # not contiguous: fromarray path
+    assert flipped.tobytes() == img.transpose(Image.Transpose.FLIP_LEFT_RIGHT).tobytes()
+
+
+@needs_shm
+def test_sweep_removes_only_uncollected_old_results():
+    old = WireImage.pack(Image.new("L", (300, 300)), shm=True).shm
+    fresh = WireImage.pack(Image.new("L", (300, 300)), shm=True).shm
+    gone = SHM_PREFIX + "1" * 32
+    outbox = {old: time.monotonic() - 1000, fresh: time.monotonic(), gone: time.monotonic()}
+    sweep_orphans(outbox, max_age_s=600)
+    assert outbox.keys() == {fresh} and not (SHM_DIR / old).exists() and (SHM_DIR / fresh).exists()
+    WireImage("L", shm=fresh).release()
+
+
+@needs_shm
+def test_replica_answers_shm_unavailable_and_replies_in_kind():
+    import asyncio
+
+    from toolserver.serve_app import ToolDeployment
+
+    replica = ToolDeployment.func_or_class(["Flip"], None, {}, 1, 0.01, 10**7)
+    img = Image.effect_noise((256, 256), 50).convert("RGB")
+    req = ToolRequest("Flip", {"image": "img_1"}, {"image": img})
+    remote = WireRequest("Flip", req.args, {"image": WireImage("RGB", shm=SHM_PREFIX + "0" * 32, size=(256, 256), nbytes=256 * 256 * 3)})
+    assert asyncio.run(replica(remote)).error_code == SHM_UNAVAILABLE
+    want = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT).tobytes()
+    for shm in (True, False):
+        wire = WireRequest.pack(req, shm=shm)
+        out = asyncio.run(replica(wire))
+        wire.release()
+        assert (out.image.shm is not None) == shm  # shm in, shm out; arrays in, arrays out
+        assert out.unpack().image.tobytes() == want
+
+
 def test_http_codec_limits():
     small = Image.new("L", (50, 40), 7)
     assert decode_image(encode_image(small), 10_000).tobytes() == small.tobytes()
@@ -215,6 +323,77 @@ def test_http_codec_limits():
         with pytest.raises(BadRequest) as e:
             decode_image(junk, 10_000)
         assert e.value.code == "bad_image"
+
+
+@pytest.mark.parametrize("mode", ["1", "L", "LA", "RGB", "RGBA", "P", "I;16", "I", "F"])
+def test_raw_frames_keep_mode_and_pixels(mode):
+    src = Image.effect_noise((37, 21), 60).convert(mode)  # odd width: mode 1 rows are padded
+    if mode in ("I", "F"):  # no byte-order-free raw form, and Pillow writes neither as PNG
+        assert http_codec.raw_length(mode, src.size) is None
+        return
+    req = ToolRequest("Overlayer", {"text": "hi"}, {"image": src, "mask": Image.new("L", (3, 2), 9)}, {"text": "hi"})
+    back = http_codec.request_from_raw("Overlayer", http_codec.request_to_raw(req), 10_000)
+    assert (back.args, back.raw_args, back.profile) == (req.args, req.raw_args, req.profile)
+    for k, img in req.images.items():
+        assert back.images[k].mode == img.mode and back.images[k].tobytes() == img.tobytes()
+    res = ToolResult(True, "done", OutputKind.IMAGE, src, {"k": [1]}, plumbing_only=True, backend="x")
+    out = http_codec.result_from_raw(http_codec.result_to_raw(res), 10_000)
+    assert (out.ok, out.text, out.kind, out.data, out.plumbing_only) == (True, "done", OutputKind.IMAGE, {"k": [1]}, True)
+    assert out.image.mode == src.mode and out.image.tobytes() == src.tobytes()
+
+
+def _frame(header: object, pixels: bytes = b"") -> bytes:
+    head = json.dumps(header).encode()
+    return len(head).to_bytes(4, "big") + head + pixels
+
+
+def test_raw_frames_are_checked_before_pixels_are_read():
+    ok = {"mode": "RGB", "size": [4, 2], "offset": 0, "length": 24}
+    assert http_codec.request_from_raw("Flip", _frame({"images": {"image": ok}}, bytes(24)), 100).images["image"].size == (4, 2)
+    cases = [
+        (b"\x00\x00", "bad_request"),  # shorter than the length prefix
+        (b"\x00\x00\x01\x00{}", "bad_request"),  # header runs past the body
+        (b"\x00\x00\x00\x03{x}", "bad_request"),  # header not JSON
+        (_frame([1, 2]), "bad_request"),
+        (_frame({"images": {"image": {**ok, "size": [100, 100]}}}, bytes(24)), "too_many_pixels"),
+        (_frame({"images": {"image": {**ok, "length": 23}}}, bytes(24)), "bad_image"),  # wrong length for the size
+        (_frame({"images": {"image": {**ok, "offset": 1}}}, bytes(24)), "bad_image"),  # past the pixel section
+        (_frame({"images": {"image": {**ok, "offset": -1}}}, bytes(24)), "bad_image"),
+        (_frame({"images": {"image": {**ok, "mode": "P"}}}, bytes(24)), "bad_image"),  # no raw form: PNG
+        (_frame({"images": {"image": {**ok, "size": [4, 2.0]}}}, bytes(24)), "bad_image"),
+        (_frame({"images": {"image": {**ok, "size": [0, 2]}}}, bytes(24)), "bad_image"),
+        (_frame({"images": {"image": 7}}), "bad_image"),
+        (_frame({"images": {"image": "%%%"}}), "bad_image"),  # base64 PNG slot, not base64
+    ]
+    for body, code in cases:
+        with pytest.raises(BadRequest) as e:
+            http_codec.request_from_raw("Flip", body, 100)
+        assert e.value.code == code, body[:60]
+
+
+def test_content_negotiation_helpers():
+    assert http_codec.media_type("Application/JSON; charset=utf-8") == "application/json"
+    assert http_codec.accepts_raw(f"application/json, {http_codec.RAW_CONTENT_TYPE};q=0.9")
+    assert not http_codec.accepts_raw(None) and not http_codec.accepts_raw("*/*")
+
+
+def test_http_client_prefers_raw_frames_when_the_server_lists_them():
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/tools":
+            return httpx.Response(200, json={"tools": [{"name": "Flip", "timeout_s": 5}], "formats": list(http_codec.FORMATS)})
+        seen.append((request.headers["content-type"], request.headers["accept"]))
+        req = http_codec.request_from_raw("Flip", request.content, 100)
+        out = ToolResult(True, "ok", OutputKind.IMAGE, req.images["image"].transpose(Image.Transpose.FLIP_LEFT_RIGHT))
+        return httpx.Response(200, content=http_codec.result_to_raw(out), headers={"content-type": http_codec.RAW_CONTENT_TYPE})
+
+    box = HttpToolbox("http://toolserver.test", retry=FAST, transport=httpx.MockTransport(handler))
+    res = box.call(_flip())
+    assert res.ok and res.image.tobytes() == _flip().images["image"].transpose(Image.Transpose.FLIP_LEFT_RIGHT).tobytes()
+    assert seen == [(http_codec.RAW_CONTENT_TYPE, http_codec.RAW_CONTENT_TYPE)]
+    # An older server (no "formats" in its listing) or raw=False: the public JSON format.
+    assert HttpToolbox("http://toolserver.test", retry=FAST, raw=False, transport=httpx.MockTransport(handler)).call(_flip()).error_code == "toolserver_error"
 
 
 # ---------------------------------------------------------------------- client retries and failures
@@ -289,13 +468,14 @@ class _FakeHandle:
         return _FakeResponse(self.outcomes.pop(0))
 
 
-def _ray_box(handle) -> RayToolbox:
+def _ray_box(handle, shm: bool = False) -> RayToolbox:
     from ray.exceptions import RayActorError
 
     from toolserver.toolbox import LocalToolbox
 
     box = RayToolbox.__new__(RayToolbox)  # no cluster: exercise the call path with a fake handle
     box.retry, box._retryable, box.max_pixels = FAST, (RayActorError,), 10_000
+    box.shm, box._shm_off = shm, set()
     box.manifest = {
         "Flip": {"mode": "deployment", "timeout_s": 1.0, "deployment": "PureTools"},
         "Crop": {"mode": "caller", "timeout_s": 1.0, "deployment": None},
@@ -328,3 +508,17 @@ def test_ray_client_retries_dead_replicas_and_maps_timeouts():
     assert _ray_box(_FakeHandle([])).call(ToolRequest("Nope", {}, {})).error_code == "unknown_tool"
     big = ToolRequest("Flip", {}, {"image": Image.new("L", (200, 200))})
     assert _ray_box(_FakeHandle([])).call(big).error_code == "too_many_pixels"
+
+
+@needs_shm
+def test_ray_client_falls_back_to_arrays_when_the_replica_is_elsewhere():
+    req = ToolRequest("Flip", {"image": "img_1"}, {"image": Image.effect_noise((256, 256), 50).convert("RGB")})
+    before = _shm_files()
+    miss = WireResult.pack(ToolResult.failure(SHM_UNAVAILABLE, "not on this host"))
+    h = _FakeHandle([miss, WireResult.pack(ToolResult(True, "flipped")), WireResult.pack(ToolResult(True, "again"))])
+    box = _ray_box(h, shm=True)
+    box.max_pixels = 10**6
+    assert box.call(req).text == "flipped"
+    assert h.sent[0].images["image"].shm is not None and h.sent[1].images["image"].array is not None
+    assert box.call(req).text == "again" and h.sent[2].images["image"].array is not None  # stays off
+    assert _shm_files() == before  # the first attempt's file was removed
