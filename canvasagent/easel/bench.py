@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing as mp
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
-from . import anchors, metrics, render, tasks
+from . import anchors, metrics, parallel, render, tasks
 from .canvas import CanvasSession
 from .painter import PainterConfig, paint
 
@@ -36,6 +35,7 @@ class BenchConfig:
     categories: tuple[str, ...] = tuple(tasks.CATEGORIES)
     budgets: tuple[str | int, ...] = ("aligned",)
     workers: int = 1
+    ray: bool = False  # paint images as Ray tasks instead of local processes
     natural_dir: str | None = None
     painter: PainterConfig = field(default_factory=PainterConfig)
 
@@ -137,13 +137,11 @@ def run(policy: str, cfg: BenchConfig, out_dir: str | Path | None = None,
             partial.flush()
 
     # anchors are instant: worker start-up would dominate, so run them inline
-    if cfg.workers > 1 and len(jobs) > 1 and policy == "painter":
-        with mp.get_context("spawn").Pool(min(cfg.workers, len(jobs))) as pool:
-            for o in pool.imap_unordered(_job, jobs, chunksize=1):
-                keep(o)
-    else:
-        for j in jobs:
-            keep(_job(j))
+    parallel_ok = policy == "painter" and len(jobs) > 1 and (cfg.workers > 1 or cfg.ray)
+    backend = "ray" if cfg.ray else "local"
+    for _, o in parallel.imap_jobs(_job, jobs, cfg.workers if parallel_ok else 1,
+                                   backend if parallel_ok else "local"):
+        keep(o)
     if partial is not None:
         partial.close()
     order = {(j[0].task_id, str(j[2])): i for i, j in enumerate(jobs)}
@@ -216,7 +214,8 @@ def plot_curves(results: Sequence[EpisodeResult], path: str | Path) -> None:
     ax.set_xlabel("progress (% of budget)")
     ax.set_ylabel("similarity S")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=6)
+    if ax.get_legend_handles_labels()[0]:  # episodes without a stroke draw no curve
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -170,13 +170,14 @@ def write_records(records: Iterable[dict], path: str | Path, parquet: bool = Tru
 
 def build_dataset(refs: Sequence[tuple[str, np.ndarray]], out_dir: str | Path, n_strokes: int = 250,
                   painter_cfg=None, workers: int = 1, cfg: DataConfig = DataConfig(),
-                  trajectories: Sequence[np.ndarray] | None = None, parquet: bool = True) -> dict[str, int]:
+                  trajectories: Sequence[np.ndarray] | None = None, parquet: bool = True,
+                  ray: bool = False) -> dict[str, int]:
     """Paint each reference (unless ``trajectories`` are given) and write C1/C2 files."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if trajectories is None:
         from .painter import paint_many
-        results = paint_many([r for _, r in refs], [n_strokes] * len(refs), painter_cfg, workers)
+        results = paint_many([r for _, r in refs], [n_strokes] * len(refs), painter_cfg, workers, ray=ray)
         trajectories = [r.strokes for r in results]
     c1: list[dict] = []
     c2: list[dict] = []

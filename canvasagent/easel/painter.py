@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import multiprocessing as mp
-import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
@@ -231,13 +229,13 @@ def _worker(args) -> PaintResult:
 
 
 def paint_many(refs: Sequence[np.ndarray], budgets: Sequence[int], cfg: PainterConfig | None = None,
-               workers: int = 1) -> list[PaintResult]:
-    """Paint several references in parallel processes (one torch thread each)."""
+               workers: int = 1, ray: bool = False) -> list[PaintResult]:
+    """Paint several references in parallel (one torch thread each): local
+    processes, or Ray tasks with ``ray=True`` (see :mod:`canvasagent.easel.parallel`)."""
+    from .parallel import imap_jobs
     cfg = cfg or PainterConfig()
     jobs = [(r, int(b), cfg) for r, b in zip(refs, budgets)]
-    if workers <= 1 or len(jobs) <= 1:
-        return [_worker(j) for j in jobs]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    ctx = mp.get_context("spawn")  # fork + torch threads can deadlock
-    with ctx.Pool(min(workers, len(jobs))) as pool:
-        return pool.map(_worker, jobs, chunksize=1)
+    out: list[PaintResult | None] = [None] * len(jobs)
+    for i, res in imap_jobs(_worker, jobs, workers, "ray" if ray else "local"):
+        out[i] = res
+    return out  # type: ignore[return-value]

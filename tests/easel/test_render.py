@@ -110,3 +110,18 @@ def test_params_from_dict_aliases_and_errors():
         render.params_from_dict({**d, "xs": "left"})
     with pytest.raises(ValueError):
         render.params_from_dict({**d, "xs": 1.5})
+
+
+def test_numpy_fast_path_matches_torch():
+    rng = np.random.default_rng(7)
+    for size in (32, 128):
+        for i in range(12):
+            p = rng.random(13).astype(np.float32)
+            if i % 3 == 0:
+                p[9] = p[7]  # constant opacity: covered pixels skip the search
+            fast = render.alpha_np(p, size)
+            x0, y0, x1, y1 = render._bbox(p, size, size)
+            with torch.no_grad():
+                ref = render.stroke_alpha(torch.from_numpy(p[None]), size, size)[0].numpy()
+            assert np.abs(fast - ref).max() < 2e-3
+            assert fast[:y0].max(initial=0) == 0 and fast[:, x1:].max(initial=0) == 0

@@ -1,0 +1,302 @@
+"""EASEL tasks played by a CanvasAgent policy through the core episode runner.
+
+``canvasagent easel bench --policy agent:SPEC`` lands here. SPEC is any policy
+spec of :mod:`canvasagent.policies.spec` (``hf:PATH``, ``openai:MODEL@URL``,
+``replay:PATH``, ``scripted:NAME``, ``human``) or an EASEL scripted policy
+``easel:NAME`` (``random``, ``heuristic`` from :mod:`canvasagent.easel.heuristics`,
+or ``blank`` = submit at once), which emits the same plans as tool calls.
+
+Each task becomes a :class:`canvasagent.tasks.Task` of family ``easel``:
+
+* reconstruction: ``img_1`` is the reference, ``img_2`` the blank canvas;
+* semantic: ``img_1`` is the task image (the canvas, e.g. the maze).
+
+``brush_stroke``/``undo``/``submit`` are ``stateful`` handlers over a
+:class:`CanvasSession`; every tool reply carries the updated canvas image
+and ``step k/B`` (and S for reconstruction). The session's budget is the
+category budget (or ``AgentConfig.budget``); the runner's turn cap is the
+budget + ``extra_turns`` so unparseable or invalid replies (which the runner
+rejects before the canvas sees them) cannot loop forever. When the budget is
+spent the episode ends as if submitted. Each episode's trajectory is saved
+under ``OUT/trajectories/<task id>/``; scores are computed from the session.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from PIL import Image
+
+from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.protocol import format_reply, parse_reply
+from canvasagent.tasks import Task
+from toolserver.registry import OutputKind
+from toolserver.request import ToolRequest
+from toolserver.results import ToolResult
+
+from . import heuristics, render, semantic, tasks
+from .bench import EpisodeResult
+from .canvas import CanvasSession, StepResult
+
+log = logging.getLogger(__name__)
+
+EASEL_SCRIPTS = ("blank",) + heuristics.PLANS
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    budget: int | None = None  # override every task's step budget (smoke runs); None = task budget
+    extra_turns: int = 2  # runner turns beyond the budget (room for submit / a malformed reply)
+    # "int1000": a policy trained on EASEL-Data writes path coordinates as integers
+    # 0-1000; they are rescaled to [0, 1] before the runner validates the call
+    coords: str = "unit"
+    seed: int = 0
+
+
+# -- task and environment ------------------------------------------------------------------------
+
+def to_pil(img: np.ndarray) -> Image.Image:
+    return Image.fromarray(render.to_uint8(img))
+
+
+def task_id_of(task: Any, seed: int = 0) -> str:
+    return getattr(task, "task_id", None) or f"{task.name}-{seed:04d}"
+
+
+def is_reconstruction(task: Any) -> bool:
+    return getattr(task, "reference", None) is not None
+
+
+def agent_task(task: Any, budget: int, task_id: str) -> Task:
+    """The episode's Task: images and an instruction that states the budget and rules."""
+    res = task.initial_canvas().shape[0]
+    rules = (f"You have {budget} steps: every brush_stroke (accepted or rejected) and every undo costs one. "
+             "Call submit when the canvas is finished. Each tool reply shows the updated canvas.")
+    if is_reconstruction(task):
+        images = [to_pil(task.reference), to_pil(task.initial_canvas())]
+        text = (f"img_1 is the reference image and img_2 the blank {res}x{res} canvas. "
+                f"{task.instruction} {rules}")
+        kind = {"kind": "reconstruction", "category": task.category}
+    else:
+        images = [to_pil(task.initial_canvas())]
+        text = (f"img_1 is the {res}x{res} canvas. {task.instruction} The brush appearance is fixed: "
+                "rs, os, re, oe, cr, cg, cb must be given but are ignored; choose the path. " + rules)
+        kind = {"kind": "semantic", "name": task.name}
+    return Task(text, images, id=task_id, family="easel", meta={"easel": {**kind, "budget": budget}})
+
+
+class CanvasTools:
+    """The ``stateful`` handlers of one episode, backed by a CanvasSession."""
+
+    def __init__(self, session: CanvasSession):
+        self.session = session
+
+    def handlers(self) -> dict[str, Any]:
+        return {"brush_stroke": self._brush, "undo": self._undo, "submit": self._submit}
+
+    def _result(self, r: StepResult) -> ToolResult:
+        s = self.session
+        text = f"{r.message}. step {r.steps_used}/{s.budget}." + (f" S={r.s:.4f}." if r.s is not None else "")
+        data: dict[str, Any] = {"steps_used": r.steps_used, "budget": s.budget}
+        if r.s is not None:
+            data["s"] = r.s
+        if r.done:
+            # the session accepts nothing more; "submitted" makes the runner end the episode
+            data["submitted"] = True
+            text += " Episode finished."
+        if not r.ok:
+            return ToolResult.failure("stroke_rejected" if "wall" in r.message else "canvas_refused", text,
+                                      data=data)
+        return ToolResult(True, text, kind=OutputKind.CANVAS, image=to_pil(s.canvas), data=data)
+
+    def _brush(self, req: ToolRequest) -> ToolResult:
+        return self._result(self.session.call("brush_stroke", dict(req.args)))
+
+    def _undo(self, req: ToolRequest) -> ToolResult:
+        return self._result(self.session.call("undo", {}))
+
+    def _submit(self, req: ToolRequest) -> ToolResult:
+        r = self.session.call("submit", {})
+        return ToolResult(True, f"submitted after {r.steps_used} steps.", kind=OutputKind.NONE,
+                          data={"submitted": True, "steps_used": r.steps_used})
+
+
+class NoToolbox:
+    """EASEL episodes have no model or pure tools; a call to one is a failed turn."""
+
+    def call(self, request: ToolRequest) -> ToolResult:
+        return ToolResult.failure("wrong_family", f"{request.tool} is not available in an EASEL episode; "
+                                  "use brush_stroke, undo or submit")
+
+    def close(self) -> None:
+        pass
+
+
+# -- policies ------------------------------------------------------------------------------------
+
+class PlanPolicy:
+    """Emits a precomputed stroke plan as brush_stroke calls, then submits."""
+
+    def __init__(self, plan: np.ndarray, name: str):
+        self.plan = np.asarray(plan, np.float64).reshape(-1, render.N_PARAMS)
+        self.name = name
+        self._i = 0
+
+    def act(self, messages: list[dict[str, Any]], episode: Any = None) -> str:
+        if self._i >= len(self.plan):
+            return format_reply("The plan is complete.", {"name": "submit", "arguments": {}})
+        p = self.plan[self._i]
+        self._i += 1
+        args = {k: round(float(v), 5) for k, v in render.params_to_dict(p).items()}
+        return format_reply(f"Stroke {self._i} of {len(self.plan)}.", {"name": "brush_stroke", "arguments": args})
+
+
+class Int1000Coords:
+    """Wraps a policy whose brush_stroke coordinates are integers 0-1000 (EASEL-Data format)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def act(self, messages: list[dict[str, Any]], episode: Any = None) -> str:
+        reply = self.inner.act(messages, episode)
+        parsed = parse_reply(reply)
+        call = parsed.call
+        if call is None or call.name != "brush_stroke" or not isinstance(call.arguments, dict):
+            return reply
+        args = dict(call.arguments)
+        for k in render.PATH_NAMES:
+            v = args.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                args[k] = float(v) / 1000.0
+        return format_reply(parsed.reason or "", {"name": "brush_stroke", "arguments": args}, parsed.terminate)
+
+
+class AgentPolicySource:
+    """One policy per episode from an ``agent:`` SPEC (heavy resources shared)."""
+
+    def __init__(self, spec: str, cfg: AgentConfig = AgentConfig()):
+        self.spec = spec
+        self.cfg = cfg
+        self._factory = None
+        if spec.startswith("easel:"):
+            name = spec.split(":", 1)[1]
+            if name not in EASEL_SCRIPTS:
+                raise ValueError(f"unknown EASEL scripted policy {name!r}; choose from {EASEL_SCRIPTS}")
+        else:
+            from canvasagent.policies.spec import PolicyFactory
+            self._factory = PolicyFactory(spec)
+
+    @property
+    def name(self) -> str:
+        return f"agent:{self.spec}"
+
+    def for_task(self, easel_task: Any, task: Task, budget: int) -> Any:
+        if self._factory is None:
+            name = self.spec.split(":", 1)[1]
+            plan = np.zeros((0, render.N_PARAMS)) if name == "blank" else \
+                heuristics.plan_for(name, easel_task, self.cfg.seed)
+            return PlanPolicy(plan[:budget], self.spec)
+        policy = self._factory.for_task(task)
+        return Int1000Coords(policy) if self.cfg.coords == "int1000" else policy
+
+    def close(self) -> None:
+        if self._factory is not None:
+            self._factory.close()
+
+
+# -- running -------------------------------------------------------------------------------------
+
+@dataclass
+class AgentEpisode:
+    task_id: str
+    session: CanvasSession
+    stop_reason: str
+    turns: int
+    seconds: float
+    trajectory_dir: str | None
+
+
+def play(source: AgentPolicySource, easel_task: Any, cfg: AgentConfig, out_dir: str | Path | None = None,
+         seed: int = 0) -> AgentEpisode:
+    """One episode of ``easel_task`` with the source's policy."""
+    t0 = time.perf_counter()
+    budget = cfg.budget or easel_task.budget
+    tid = task_id_of(easel_task, seed)
+    session = CanvasSession.for_task(easel_task)
+    session.budget = budget
+    task = agent_task(easel_task, budget, tid)
+    policy = source.for_task(easel_task, task, budget)
+    traj = run_episode(policy, task, NoToolbox(), EpisodeConfig(max_turns=budget + cfg.extra_turns, family="easel"),
+                       stateful=CanvasTools(session).handlers())
+    traj.meta["easel"] = {"steps_used": session.steps_used, "budget": budget,
+                          "strokes": session.strokes.round(6).tolist(), "s_curve": list(session.s_curve)}
+    tdir = None
+    if out_dir is not None:
+        tdir = str(Path(out_dir) / "trajectories" / tid)
+        traj.save(tdir)
+        to_pil(session.canvas).save(Path(tdir) / "final_canvas.png")
+    log.info("%s %s: %s after %d turns", source.name, tid, traj.stop_reason, len(traj.turns))
+    return AgentEpisode(tid, session, traj.stop_reason or "", len(traj.turns), time.perf_counter() - t0, tdir)
+
+
+def reconstruction_result(ep: AgentEpisode, task: tasks.ReconstructionTask, policy: str) -> EpisodeResult:
+    sim = ep.session.similarity()
+    diag = ep.session.diagnostics()
+    return EpisodeResult(task.task_id, task.category, policy, "aligned" if ep.session.budget == task.budget
+                         else str(ep.session.budget), ep.session.budget, sim.s, sim.edge_iou, diag.as_dict(),
+                         [float(v) for v in ep.session.s_curve], ep.seconds)
+
+
+def run_reconstruction(spec: str, suite: Sequence[tasks.ReconstructionTask], cfg: AgentConfig = AgentConfig(),
+                       out_dir: str | Path | None = None) -> list[EpisodeResult]:
+    """Agent on reconstruction tasks -> bench rows (table.md/curves.png like the painter's)."""
+    from . import bench
+    source = AgentPolicySource(spec, cfg)
+    results, eps = [], []
+    t0 = time.perf_counter()
+    try:
+        for task in suite:
+            ep = play(source, task, cfg, out_dir)
+            eps.append(ep)
+            results.append(reconstruction_result(ep, task, source.name))
+    finally:
+        source.close()
+    if out_dir is not None:
+        out = Path(out_dir)
+        (out / "canvases").mkdir(parents=True, exist_ok=True)
+        with open(out / "results.jsonl", "w") as f:
+            for r, ep in zip(results, eps):
+                f.write(json.dumps({**r.row(), "stop_reason": ep.stop_reason, "turns": ep.turns,
+                                    "trajectory": ep.trajectory_dir}) + "\n")
+                to_pil(ep.session.canvas).save(out / "canvases" / f"{r.task_id}_agent.png")
+        (out / "table.md").write_text(bench.format_table(results, time.perf_counter() - t0))
+        bench.plot_curves(results, out / "curves.png")
+    return results
+
+
+def run_semantic(spec: str, seeds: Sequence[int] = (0,), cfg: AgentConfig = AgentConfig(),
+                 out_dir: str | Path | None = None, task_names: Sequence[str] = semantic.TASK_NAMES,
+                 ocr: tasks.OCRFn | None = None) -> list[semantic.SemanticResult]:
+    """Agent on the semantic tasks -> semantic rows (table.md/semantic.png)."""
+    if ocr is None and "handwriting" in task_names:
+        ocr = tasks.rapidocr_reader()
+    source = AgentPolicySource(spec, cfg)
+    results, canvases = [], []
+    try:
+        for name in task_names:
+            for seed in seeds:
+                task = semantic.make_task(name, seed, ocr)
+                ep = play(source, task, cfg, out_dir, seed)
+                results.append(semantic.result_of(task, seed, source.name, ep.session, ep.seconds))
+                canvases.append(ep.session.canvas)
+    finally:
+        source.close()
+    if out_dir is not None:
+        semantic.write_outputs(results, canvases, out_dir)
+    return results
