@@ -3,12 +3,15 @@
     python benchmarks/toolserver.py [--sizes 512 1024] [--n 200] [--inflight 8]
 
 Starts a local Ray with a pure-tools-only app (no model processes), then reports, per image
-size, the median latency in-process, through the handle (`RayToolbox`) and over HTTP
-(`HttpToolbox`), the overhead over in-process, and the overhead above Ray's own floor,
-measured on the same app with an empty request (no image). For scale it also times a bare Ray
-actor flipping the same array (what moving these bytes through Ray costs with no Serve and no
-toolserver code) and our wire pack/unpack alone. Then throughput with `--inflight` calls in
-flight from threads. Goal: handle overhead above the floor <= 1 ms at 512^2.
+size, the median latency in-process, through the handle (`RayToolbox`, images through /dev/shm,
+and the same client forced onto numpy arrays through Ray's object store) and over HTTP
+(`HttpToolbox`, raw-pixel frames and the public base64 PNG JSON), the overhead over in-process,
+and the overhead above Ray's own floor, measured on the same app with an empty request (no
+image). For scale it also times a bare Serve deployment and a bare Ray actor flipping the same
+array (what moving these bytes through Ray costs with no toolserver code) and our wire
+pack/unpack alone. Every variant is called in turn, call by call, so load drift on a shared
+machine hits them alike. Then throughput with `--inflight` calls in flight from threads.
+Goal: handle overhead above the floor <= 1 ms at 512^2.
 """
 
 from __future__ import annotations
@@ -104,9 +107,11 @@ def main() -> int:
         async def __call__(self, arr: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(arr[:, ::-1])
 
-    def wire_round_trip(req: ToolRequest) -> None:
-        res = local.call(WireRequest.pack(req).unpack())
-        WireResult.pack(res).unpack()
+    def wire_round_trip(req: ToolRequest, shm: bool) -> None:
+        wire = WireRequest.pack(req, shm)
+        res = local.call(wire.unpack())
+        wire.release()
+        WireResult.pack(res, shm).unpack()
 
     cfg = ServeConfig.from_dict(
         {
@@ -122,9 +127,11 @@ def main() -> int:
     try:
         deploy(cfg)
         rbox = RayToolbox(app_name=cfg.app_name)
+        rbox_arrays = RayToolbox(app_name=cfg.app_name, shm=False)
         bare = BareFlip.remote()
         bare_serve = serve.run(BareServeFlip.bind(), name="bare_serve_flip", route_prefix=None)
-        hbox = HttpToolbox(f"http://127.0.0.1:{cfg.http.port}")
+        hbox = HttpToolbox(f"http://127.0.0.1:{cfg.http.port}")  # raw frames, negotiated
+        hbox_json = HttpToolbox(f"http://127.0.0.1:{cfg.http.port}", raw=False)
         handle = serve.get_deployment_handle(PURE_DEPLOYMENT, cfg.app_name)
         empty = WireRequest("NotServedHere", {})  # returns at once: the Serve round-trip floor
         with httpx.Client() as c:
@@ -134,46 +141,66 @@ def main() -> int:
         for size in args.sizes:
             img = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
             req = ToolRequest("Flip", {"image": "img_1"}, {"image": img})
-            assert rbox.call(req).ok and hbox.call(req).ok
+            for box in (rbox, rbox_arrays, hbox, hbox_json):
+                assert box.call(req).ok
             n = max(30, args.n * 512 * 512 // (size * size))
             m = interleaved_medians(
                 {
                     "in_process": lambda: local.call(req),
                     "handle": lambda: rbox.call(req),
+                    "handle_arrays": lambda: rbox_arrays.call(req),
                     "handle_floor": lambda: handle.remote(empty).result(),
                     "bare_serve": lambda: Image.fromarray(bare_serve.remote(np.asarray(img)).result()),
                     "bare_ray": lambda: Image.fromarray(ray.get(bare.flip.remote(np.asarray(img)))),
-                    "wire_pack_unpack": lambda: wire_round_trip(req),
+                    "wire_shm_pack_unpack": lambda: wire_round_trip(req, True),
+                    "wire_array_pack_unpack": lambda: wire_round_trip(req, False),
                 },
                 n,
             )
-            m["http"] = median_ms(lambda: hbox.call(req), max(10, n // 5), warmup=3)
-            m["png_round_trip"] = median_ms(lambda: decode_image(encode_image(img), size * size), max(10, n // 5), warmup=2)
-            m["handle_overhead"] = m["handle"] - m["in_process"]
-            m["handle_overhead_above_floor"] = m["handle_overhead"] - m["handle_floor"]
+            m.update(
+                interleaved_medians(
+                    {
+                        "http": lambda: hbox.call(req),
+                        "http_json": lambda: hbox_json.call(req),
+                        "png_round_trip": lambda: decode_image(encode_image(img), size * size),
+                    },
+                    max(10, n // 5),
+                    warmup=2,
+                )
+            )
+            for k in ("handle", "handle_arrays"):
+                m[f"{k}_overhead"] = m[k] - m["in_process"]
+                m[f"{k}_overhead_above_floor"] = m[f"{k}_overhead"] - m["handle_floor"]
             m["handle_over_bare_serve"] = m["handle"] - m["bare_serve"]
             m["http_overhead"] = m["http"] - m["in_process"]
             report["sizes"][size] = m
             print(
                 f"Flip {size}x{size}: in-process {m['in_process']:.2f} ms | handle {m['handle']:.2f} ms "
-                f"({m['handle'] / m['in_process']:.0f}x) | HTTP {m['http']:.2f} ms ({m['http'] / m['in_process']:.0f}x)\n"
+                f"({m['handle'] / m['in_process']:.0f}x; arrays {m['handle_arrays']:.2f} ms, "
+                f"{m['handle'] / m['handle_arrays']:.2f}x of it) | HTTP raw {m['http']:.2f} ms ({m['http'] / m['in_process']:.0f}x; "
+                f"JSON/PNG {m['http_json']:.2f} ms, {m['http'] / m['http_json']:.2f}x of it)\n"
                 f"  handle overhead {m['handle_overhead']:.2f} ms = Serve floor {m['handle_floor']:.2f} (empty call) "
-                f"+ {m['handle_overhead_above_floor']:.2f} above it\n"
+                f"+ {m['handle_overhead_above_floor']:.2f} above it (arrays: +{m['handle_arrays_overhead_above_floor']:.2f})\n"
                 f"  same bytes without toolserver code: bare Serve deployment {m['bare_serve']:.2f} ms, bare Ray actor "
-                f"{m['bare_ray']:.2f} ms -> ours is {m['handle_over_bare_serve']:+.2f} ms over bare Serve; "
-                f"our wire pack/unpack alone {m['wire_pack_unpack']:.2f} ms\n"
+                f"{m['bare_ray']:.2f} ms -> ours is {m['handle_over_bare_serve']:+.2f} ms against bare Serve; "
+                f"wire pack/unpack alone (both ends, one process) shm {m['wire_shm_pack_unpack']:.2f} ms, "
+                f"arrays {m['wire_array_pack_unpack']:.2f} ms\n"
                 f"  HTTP overhead {m['http_overhead']:.2f} ms (healthz floor {http_floor:.2f} ms; one PNG encode+decode "
-                f"{m['png_round_trip']:.2f} ms, four per call)"
+                f"{m['png_round_trip']:.2f} ms, four per JSON call)"
             )
         size = args.sizes[0]
         img = Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8), "RGB")
         req = ToolRequest("Flip", {"image": "img_1"}, {"image": img})
-        tp = {name: throughput(lambda b=box: b.call(req), args.inflight, args.total) for name, box in (("in_process", local), ("handle", rbox), ("http", hbox))}
+        boxes = (("in_process", local), ("handle", rbox), ("handle_arrays", rbox_arrays), ("http", hbox), ("http_json", hbox_json))
+        tp = {name: throughput(lambda b=box: b.call(req), args.inflight, args.total // (5 if name == "http_json" else 1)) for name, box in boxes}
         report["throughput_calls_per_s"] = {"size": size, **tp}
         print(f"throughput at {size}^2, {args.inflight} in flight (calls/s): " + ", ".join(f"{k} {v:.0f}" for k, v in tp.items()))
-        print(f"  ratios: handle/in-process {tp['handle'] / tp['in_process']:.2f}, HTTP/in-process {tp['http'] / tp['in_process']:.2f}")
-        rbox.close()
-        hbox.close()
+        print(
+            f"  ratios to in-process: handle {tp['handle'] / tp['in_process']:.2f} (arrays {tp['handle_arrays'] / tp['in_process']:.2f}), "
+            f"HTTP raw {tp['http'] / tp['in_process']:.2f} (JSON/PNG {tp['http_json'] / tp['in_process']:.2f})"
+        )
+        for box in (rbox, rbox_arrays, hbox, hbox_json):
+            box.close()
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -81,12 +81,13 @@ class RayToolbox:
         from ray import serve
 
         from toolserver.serve_app import RETRYABLE
-        from toolserver.wire import shm_available
+        from toolserver.wire import ShmPool, shm_available
 
         self.profile = profile
         self.retry = retry or RetryPolicy()
         self._retryable = RETRYABLE
-        self.shm = shm_available() if shm is None else shm
+        use_shm = shm_available() if shm is None else shm
+        self.shm = ShmPool() if use_shm else None
         self._shm_off: set[str] = set()
         if not ray.is_initialized():
             # "auto" joins the cluster on this node that `toolserver serve` / `ray start` made.
@@ -129,23 +130,30 @@ class RayToolbox:
                 )
         handle, timeout = self.handles[request.tool], float(info["timeout_s"])
         deployment = info["deployment"]
-        use_shm = self.shm and deployment not in self._shm_off
-        wire = WireRequest.pack(request, shm=use_shm)
+        pool = self.shm if deployment not in self._shm_off else None
+        wire = WireRequest.pack(request, pool)
+        timed_out = False
 
         def attempt() -> ToolResult | Exception:
+            nonlocal timed_out
             resp = handle.remote(wire)
             try:
-                return resp.result(timeout_s=timeout).unpack()
+                return resp.result(timeout_s=timeout).unpack(pool)
             except TimeoutError:
                 resp.cancel()
+                timed_out = True
                 return ToolResult.failure("timeout", f"{request.tool} did not finish within {timeout:g} s")
             except self._retryable as e:
                 return e
 
+        reuse = False
         try:
             result = _with_retries(self.retry, attempt, request.tool)
+            reuse = not timed_out
         finally:
-            wire.release()  # after every retry: they all reuse the same files
+            # After every retry (they all reuse these slots); a timed-out replica may still be
+            # using them, so those are removed rather than reused.
+            wire.release(pool, reuse)
         if wire.uses_shm and result.error_code == SHM_UNAVAILABLE:
             # The replica is on another host: arrays from now on, for this deployment.
             log.warning("%s: replica cannot see this host's shared memory; sending arrays from now on", deployment)
@@ -155,6 +163,8 @@ class RayToolbox:
 
     def close(self) -> None:
         self.local.close()
+        if self.shm is not None:
+            self.shm.close()
 
 
 class HttpToolbox:

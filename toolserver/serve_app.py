@@ -1,7 +1,7 @@
 """The Ray Serve application: one deployment per served tool, plus an HTTP ingress.
 
-Inside Ray, requests and results travel as `toolserver.wire` objects (raw pixels through
-/dev/shm on one host, numpy arrays across hosts); PNG and base64 exist only in the ingress, for
+Inside Ray, requests and results travel as `toolserver.wire` objects (raw pixels in the
+caller's /dev/shm slots on one host, numpy arrays across hosts); PNG and base64 exist only in the ingress, for
 HTTP callers. Every replica executes through a
 `LocalToolbox`, so errors, output limits and plumbing-only warnings behave exactly as they do
 in-process.
@@ -32,14 +32,13 @@ from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
 from toolserver.serve_config import Mode, ServeConfig, check_bind, ray_actor_options, unconfigured_result
 from toolserver.toolbox import LocalToolbox
-from toolserver.wire import SHM_UNAVAILABLE, ShmMissing, WireRequest, WireResult, shm_available, sweep_orphans
+from toolserver.wire import SHM_UNAVAILABLE, ShmMissing, ShmPool, WireRequest, WireResult, shm_available
 
 log = logging.getLogger(__name__)
 
 INGRESS_NAME = "Ingress"
 # Errors after which the same call may succeed on another (or a restarted) replica.
 RETRYABLE = (RayActorError, DeploymentUnavailableError, BackPressureError)
-SHM_SWEEP_EVERY_S = 60.0
 
 
 def load_backend(name: str, params: dict[str, Any]) -> Any:
@@ -85,8 +84,6 @@ class ToolDeployment:
         if self.batched:
             self._batch.set_max_batch_size(max_batch_size)
             self._batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
-        self.outbox: dict[str, float] = {}  # result shm files written -> when (orphan sweep)
-        self.next_sweep = 0.0
         self.plumbing_only = bool(getattr(fn, "plumbing_only", False))
         if self.plumbing_only:
             log.warning("%s is served by the random-weight %r backend: plumbing only, not real results", self.tool, backend)
@@ -105,18 +102,8 @@ class ToolDeployment:
             result = await self._batch(req)
         else:
             result = await asyncio.get_running_loop().run_in_executor(self.pool, self.box.call, req)
-        return self._reply(result, wire.uses_shm)
-
-    def _reply(self, result: ToolResult, shm: bool) -> WireResult:
-        # A caller that sent shm is on this host and reads the result image from shm too.
-        out = WireResult.pack(result, shm)
-        now = time.monotonic()
-        if out.image is not None and out.image.shm is not None:
-            self.outbox[out.image.shm] = now
-        if now >= self.next_sweep:
-            self.next_sweep = now + SHM_SWEEP_EVERY_S
-            sweep_orphans(self.outbox)
-        return out
+        # A caller that sent slots is on this host and named a slot for the result image.
+        return WireResult.pack(result, wire.reply_slot)
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def _batch(self, reqs: list[ToolRequest]) -> list[ToolResult]:
@@ -220,9 +207,16 @@ class Ingress:
         if self.cfg.http.enabled and auth_digest is None:
             check_bind(self.cfg.http, None)
         self.local = LocalToolbox(max_output_pixels=self.cfg.max_pixels)
-        self.shm = shm_available()
+        self.shm = ShmPool() if shm_available() else None
         self.shm_off: set[str] = set()  # deployments with a replica on another host
         self.codec_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="codec")
+
+    def __del__(self) -> None:
+        # Serve calls this on graceful shutdown; the pool's own finalizer only runs at a normal
+        # interpreter exit, which a replica's process does not get.
+        pool = getattr(self, "shm", None)
+        if pool is not None:
+            pool.close()
 
     # -- for Ray clients (called through the app handle, not over HTTP)
     def manifest(self) -> dict[str, Any]:
@@ -240,11 +234,15 @@ class Ingress:
         if mode is Mode.CALLER:
             return await asyncio.get_running_loop().run_in_executor(None, self.local.call, req)
         deployment = self.cfg.deployment_for(tool)
-        wire = WireRequest.pack(req, shm=self.shm and deployment not in self.shm_off)
+        pool = self.shm if deployment not in self.shm_off else None
+        wire = WireRequest.pack(req, pool)
+        done = False
         try:
-            result = (await self.handles[deployment].remote(wire)).unpack()
+            result = (await self.handles[deployment].remote(wire)).unpack(pool)
+            done = True
         finally:
-            wire.release()
+            # Cancelled (the per-tool timeout): the replica may still use the slots.
+            wire.release(pool, reuse=done)
         if wire.uses_shm and result.error_code == SHM_UNAVAILABLE:
             log.warning("%s: replica cannot see this host's shared memory; sending arrays from now on", deployment)
             self.shm_off.add(deployment)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 
 import httpx
 import numpy as np
@@ -33,11 +32,11 @@ from toolserver.wire import (
     SHM_PREFIX,
     SHM_UNAVAILABLE,
     ShmMissing,
+    ShmPool,
     WireImage,
     WireRequest,
     WireResult,
     shm_available,
-    sweep_orphans,
 )
 
 FAST = RetryPolicy(attempts=3, backoff_s=0.001, max_backoff_s=0.002)
@@ -224,51 +223,64 @@ def _shm_files() -> set[str]:
 needs_shm = pytest.mark.skipif(not shm_available(), reason="no writable /dev/shm")
 
 
+@pytest.fixture
+def pool():
+    before = _shm_files()
+    p = ShmPool()
+    yield p
+    p.close()
+    assert _shm_files() == before  # the pool removes every file it made
+
+
 @needs_shm
 @pytest.mark.parametrize("mode", ["1", "L", "LA", "RGB", "RGBA", "I", "F", "I;16", "P"])
-def test_shm_images_keep_mode_and_pixels_and_clean_up(mode):
+def test_shm_images_keep_mode_and_pixels(mode, pool):
     rng = np.random.default_rng(1)
     src = Image.fromarray(rng.integers(0, 255, (300, 400, 4), dtype=np.uint8), "RGBA").convert(mode)
-    before = _shm_files()
-    w = WireImage.pack(src, shm=True)
-    # Big enough raw images go through a file; packed bits (mode 1) and palettes do not.
+    w = WireImage.pack(src, pool)
+    # Big enough raw images go through a slot; packed bits (mode 1) and palettes do not.
     assert (w.shm is not None) == (mode not in ("1", "P"))
-    back = w.unpack()
-    assert back.mode == src.mode and back.size == src.size and back.tobytes() == src.tobytes()
-    w.release()
-    assert _shm_files() == before
+    for back in (w.unpack(), w.unpack(pool)):  # as a replica (opens the file) and as its owner
+        assert back.mode == src.mode and back.size == src.size and back.tobytes() == src.tobytes()
 
 
 @needs_shm
-def test_shm_request_and_result_ownership():
+def test_shm_slots_are_reused_grown_and_removed(pool):
     img = Image.effect_noise((256, 256), 50).convert("RGB")
-    before = _shm_files()
-    wire = WireRequest.pack(ToolRequest("Flip", {"image": "img_1"}, {"image": img}), shm=True)
-    assert wire.uses_shm and len(_shm_files() - before) == 1
-    wire.unpack()
-    wire.unpack()  # the replica only reads: a retried call finds the file again
-    wire.release()  # the caller removes it when the call is over
-    out = WireResult.pack(ToolResult(True, "flipped", OutputKind.IMAGE, image=img), shm=True)
-    assert out.image.shm is not None
-    assert out.unpack().image.tobytes() == img.tobytes()  # read once, then removed
-    assert _shm_files() == before
-    small = WireRequest.pack(ToolRequest("Flip", {}, {"image": Image.new("RGB", (8, 8))}), shm=True)
-    assert not small.uses_shm  # Ray inlines small arrays in the RPC itself
+    req = ToolRequest("Flip", {"image": "img_1"}, {"image": img})
+    wire = WireRequest.pack(req, pool)
+    assert wire.uses_shm and wire.reply_slot is not None
+    assert wire.unpack().images["image"].tobytes() == img.tobytes()
+    assert wire.unpack().images["image"].tobytes() == img.tobytes()  # a retried call reads it again
+    big = img.resize((1024, 1024))  # the replica grows the caller's (empty) reply slot
+    out = WireResult.pack(ToolResult(True, "done", OutputKind.IMAGE, image=big), wire.reply_slot)
+    assert out.image.shm == wire.reply_slot
+    assert out.unpack(pool).image.tobytes() == big.tobytes()
+    names = _shm_files()
+    wire.release(pool)
+    again = WireRequest.pack(req, pool)  # the next call takes the same files back: no new pages
+    assert _shm_files() == names and {again.images["image"].shm, again.reply_slot} == {wire.images["image"].shm, wire.reply_slot}
+    again.release(pool, reuse=False)  # after a timeout they are removed instead
+    assert not (_shm_files() & {again.images["image"].shm, again.reply_slot})
+    small = WireRequest.pack(ToolRequest("Flip", {}, {"image": Image.new("RGB", (8, 8))}), pool)
+    assert not small.uses_shm and small.reply_slot is None  # Ray inlines small arrays in the RPC
 
 
 @needs_shm
-def test_shm_names_are_checked_before_any_file_is_opened():
+def test_shm_names_are_checked_before_any_file_is_opened(pool):
     for name in ("../etc/passwd", SHM_PREFIX + "x" * 32, "plasma"):
         with pytest.raises(ShmMissing):
             WireImage("L", shm=name, size=(1, 1), nbytes=1).unpack()
     missing = WireImage("L", shm=SHM_PREFIX + "0" * 32, size=(300, 300), nbytes=90_000)
     with pytest.raises(ShmMissing):
-        missing.unpack()  # another host's file: the replica answers shm_unavailable
-    w = WireImage.pack(Image.new("L", (300, 300)), shm=True)
-    w.nbytes += 1  # a size that does not match the file is refused, not read past its end
+        missing.unpack()  # another host's slot: the replica answers shm_unavailable
+    w = WireImage.pack(Image.new("L", (300, 300)), pool)
+    w.nbytes += 1  # more than the slot holds is refused, not read past its end
     with pytest.raises(ShmMissing):
         w.unpack()
-    w.release()
+    # A reply slot that vanished: the replica falls back to an array.
+    out = WireResult.pack(ToolResult(True, "x", OutputKind.IMAGE, Image.new("L", (300, 300))), SHM_PREFIX + "0" * 32)
+    assert out.image.shm is None and out.image.array is not None
 
 
 def test_wire_arrays_unpack_read_only_and_strided():
@@ -283,18 +295,7 @@ def test_wire_arrays_unpack_read_only_and_strided():
 
 
 @needs_shm
-def test_sweep_removes_only_uncollected_old_results():
-    old = WireImage.pack(Image.new("L", (300, 300)), shm=True).shm
-    fresh = WireImage.pack(Image.new("L", (300, 300)), shm=True).shm
-    gone = SHM_PREFIX + "1" * 32
-    outbox = {old: time.monotonic() - 1000, fresh: time.monotonic(), gone: time.monotonic()}
-    sweep_orphans(outbox, max_age_s=600)
-    assert outbox.keys() == {fresh} and not (SHM_DIR / old).exists() and (SHM_DIR / fresh).exists()
-    WireImage("L", shm=fresh).release()
-
-
-@needs_shm
-def test_replica_answers_shm_unavailable_and_replies_in_kind():
+def test_replica_answers_shm_unavailable_and_replies_in_kind(pool):
     import asyncio
 
     from toolserver.serve_app import ToolDeployment
@@ -305,12 +306,12 @@ def test_replica_answers_shm_unavailable_and_replies_in_kind():
     remote = WireRequest("Flip", req.args, {"image": WireImage("RGB", shm=SHM_PREFIX + "0" * 32, size=(256, 256), nbytes=256 * 256 * 3)})
     assert asyncio.run(replica(remote)).error_code == SHM_UNAVAILABLE
     want = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT).tobytes()
-    for shm in (True, False):
-        wire = WireRequest.pack(req, shm=shm)
+    for p in (pool, None):
+        wire = WireRequest.pack(req, p)
         out = asyncio.run(replica(wire))
-        wire.release()
-        assert (out.image.shm is not None) == shm  # shm in, shm out; arrays in, arrays out
-        assert out.unpack().image.tobytes() == want
+        assert (out.image.shm is not None) == (p is not None)  # slots in, slot out; arrays in, arrays out
+        assert out.unpack(p).image.tobytes() == want
+        wire.release(p)
 
 
 def test_http_codec_limits():
@@ -475,7 +476,7 @@ def _ray_box(handle, shm: bool = False) -> RayToolbox:
 
     box = RayToolbox.__new__(RayToolbox)  # no cluster: exercise the call path with a fake handle
     box.retry, box._retryable, box.max_pixels = FAST, (RayActorError,), 10_000
-    box.shm, box._shm_off = shm, set()
+    box.shm, box._shm_off = (ShmPool() if shm else None), set()
     box.manifest = {
         "Flip": {"mode": "deployment", "timeout_s": 1.0, "deployment": "PureTools"},
         "Crop": {"mode": "caller", "timeout_s": 1.0, "deployment": None},
@@ -521,4 +522,19 @@ def test_ray_client_falls_back_to_arrays_when_the_replica_is_elsewhere():
     assert box.call(req).text == "flipped"
     assert h.sent[0].images["image"].shm is not None and h.sent[1].images["image"].array is not None
     assert box.call(req).text == "again" and h.sent[2].images["image"].array is not None  # stays off
-    assert _shm_files() == before  # the first attempt's file was removed
+    box.close()
+    assert _shm_files() == before
+
+
+@needs_shm
+def test_ray_client_removes_slots_a_timed_out_replica_may_still_use():
+    req = ToolRequest("Flip", {"image": "img_1"}, {"image": Image.effect_noise((256, 256), 50).convert("RGB")})
+    box = _ray_box(_FakeHandle([TimeoutError(), WireResult.pack(ToolResult(True, "ok"))]), shm=True)
+    box.max_pixels = 10**6
+    assert box.call(req).error_code == "timeout"
+    first = box.handles["Flip"].sent[0]
+    assert box.shm.get(first.images["image"].shm) is None and box.shm.get(first.reply_slot) is None
+    assert box.call(req).ok  # fresh slots
+    second = box.handles["Flip"].sent[1]
+    assert box.shm.get(second.images["image"].shm) is not None  # pooled for the next call
+    box.close()
