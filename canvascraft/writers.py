@@ -16,6 +16,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from canvasagent.llm_client import ChatClient, ChatEndpoint, EndpointError
+
 from canvasagent.config import find_config, load_yaml
 from canvascraft.plan import Plan, Step
 
@@ -105,6 +107,7 @@ class LLMWriter:
     model: str = "gpt-4o-mini"
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = 30.0
+    max_retries: int = 1
     temperature: float = 0.7
     fallback: TemplateWriter = field(default_factory=TemplateWriter)
     name: str = "llm"
@@ -123,24 +126,15 @@ class LLMWriter:
         ]
 
     def write(self, plan: Plan, rng: random.Random, tone: str) -> str:
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(self.api_key_env)
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        body = {
-            "model": self.model,
-            "messages": self._messages(plan, tone),
-            "temperature": self.temperature,
-            "seed": rng.randrange(2**31),  # honoured by servers that support it, for reproducibility
-        }
+        endpoint = ChatEndpoint(self.base_url, self.model, self.api_key_env, timeout_s=self.timeout_s, max_retries=self.max_retries)
+        seed = rng.randrange(2**31)  # honoured by servers that support it, for reproducibility
         try:
-            r = httpx.post(self.base_url.rstrip("/") + "/chat/completions", json=body, headers=headers, timeout=self.timeout_s)
-            r.raise_for_status()
-            text = r.json()["choices"][0]["message"]["content"].strip()
+            with httpx.Client(timeout=self.timeout_s) as http:
+                text = ChatClient(endpoint, http).complete(self._messages(plan, tone), temperature=self.temperature, seed=seed).strip()
             if not text:
                 raise ValueError("empty completion")
             return text
-        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+        except (EndpointError, ValueError) as e:
             self.failures += 1
             log.warning("LLM writer failed (%s); using the template writer for this instruction", e)
             return self.fallback.write(plan, rng, tone)
