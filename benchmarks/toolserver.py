@@ -95,7 +95,7 @@ def main() -> int:
     from toolserver.serve_app import deploy
     from toolserver.serve_config import PURE_DEPLOYMENT, ServeConfig
     from toolserver.toolbox import LocalToolbox
-    from toolserver.wire import WireRequest, WireResult
+    from toolserver.wire import ShmPool, WireRequest, WireResult
 
     @ray.remote(num_cpus=0.1)
     class BareFlip:
@@ -107,11 +107,12 @@ def main() -> int:
         async def __call__(self, arr: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(arr[:, ::-1])
 
-    def wire_round_trip(req: ToolRequest, shm: bool) -> None:
-        wire = WireRequest.pack(req, shm)
+    def wire_round_trip(req: ToolRequest, pool: ShmPool | None) -> None:
+        # Both ends of one call in this process: caller pack, replica unpack + reply, caller unpack.
+        wire = WireRequest.pack(req, pool)
         res = local.call(wire.unpack())
-        wire.release()
-        WireResult.pack(res, shm).unpack()
+        WireResult.pack(res, wire.reply_slot).unpack(pool)
+        wire.release(pool)
 
     cfg = ServeConfig.from_dict(
         {
@@ -122,6 +123,7 @@ def main() -> int:
         }
     )
     local = LocalToolbox()
+    pool = ShmPool()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     report: dict = {"sizes": {}, "inflight": args.inflight}
     try:
@@ -152,8 +154,8 @@ def main() -> int:
                     "handle_floor": lambda: handle.remote(empty).result(),
                     "bare_serve": lambda: Image.fromarray(bare_serve.remote(np.asarray(img)).result()),
                     "bare_ray": lambda: Image.fromarray(ray.get(bare.flip.remote(np.asarray(img)))),
-                    "wire_shm_pack_unpack": lambda: wire_round_trip(req, True),
-                    "wire_array_pack_unpack": lambda: wire_round_trip(req, False),
+                    "wire_shm_pack_unpack": lambda: wire_round_trip(req, pool),
+                    "wire_array_pack_unpack": lambda: wire_round_trip(req, None),
                 },
                 n,
             )
@@ -202,6 +204,7 @@ def main() -> int:
         for box in (rbox, rbox_arrays, hbox, hbox_json):
             box.close()
     finally:
+        pool.close()
         serve.shutdown()
         ray.shutdown()
     print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")

@@ -30,9 +30,10 @@ import re
 import threading
 import uuid
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from PIL import Image
@@ -82,31 +83,95 @@ def _open_slot(name: str, flags: int) -> int:
         raise ShmMissing(f"{name} is not in {SHM_DIR} on this host") from None
 
 
+class _Mapped:
+    """Another process's slot, kept open and mapped by a replica between calls."""
+
+    def __init__(self, name: str, writable: bool):
+        self.fd = _open_slot(name, os.O_RDWR if writable else os.O_RDONLY)
+        self.writable = writable
+        self.mm: mmap.mmap | None = None
+
+    def gone(self) -> bool:
+        return os.fstat(self.fd).st_nlink == 0  # its owner removed it
+
+    def map(self, n: int, grow: bool) -> mmap.mmap:
+        size = os.fstat(self.fd).st_size
+        if size < n:
+            if not grow:
+                raise ShmMissing(f"slot holds {size} bytes, fewer than the {n} claimed")
+            os.ftruncate(self.fd, n)
+            size = n
+        if self.mm is None or len(self.mm) < size:
+            self.close_map()
+            self.mm = mmap.mmap(self.fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0))
+        return self.mm
+
+    def close_map(self) -> None:
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
+
+    def close(self) -> None:
+        self.close_map()
+        os.close(self.fd)
+
+
+class _SlotCache:
+    """A replica's open mappings of callers' slots, most recent last.
+
+    Callers reuse their slots, so mapping each once saves the open/mmap/page-fault cost on every
+    call (0.2 vs 0.1 ms per transfer at 512^2, 1.3 vs 0.6 ms at 1024^2). Bounded in count and
+    size, and a slot its owner removed is dropped, so removed files do not stay pinned.
+    """
+
+    def __init__(self, max_entries: int = 32, max_bytes: int = 64 * 1024 * 1024):
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._slots: dict[str, _Mapped] = {}
+        self._lock = threading.Lock()  # replicas run tools on worker threads too
+
+    @contextmanager
+    def use(self, name: str, n: int, write: bool) -> Iterator[_Mapped]:
+        """The mapping for `name`, held under the lock so no other thread evicts it mid-copy
+        (a replica's slot I/O is a memcpy; serialising it costs nothing worth a refcount)."""
+        with self._lock:
+            for key, m in list(self._slots.items()):
+                if m.gone():
+                    m.close()
+                    del self._slots[key]
+            m = self._slots.pop(name, None)
+            if m is not None and write and not m.writable:
+                m.close()
+                m = None
+            if m is None:
+                m = _Mapped(name, write)
+            try:
+                yield m
+            except BaseException:
+                m.close()
+                raise
+            if n > self.max_bytes:
+                m.close()
+                return
+            self._slots[name] = m
+            while len(self._slots) > self.max_entries:
+                self._slots.pop(next(iter(self._slots))).close()
+
+
+_CACHE = _SlotCache()
+
+
 def read_slot_image(name: str, mode: str, size: tuple[int, int], nbytes: int) -> Image.Image:
     """The image in another process's slot (a replica reading its request)."""
-    fd = _open_slot(name, os.O_RDONLY)
-    try:
-        if os.fstat(fd).st_size < nbytes:
-            raise ShmMissing(f"{name} holds {os.fstat(fd).st_size} bytes, fewer than the {nbytes} claimed")
+    with _CACHE.use(name, nbytes, write=False) as m:
         # frombytes decodes straight from the mapping into Pillow's own storage: one copy.
-        with mmap.mmap(fd, nbytes, prot=mmap.PROT_READ) as mm:
-            return Image.frombytes(mode, size, mm)
-    finally:
-        os.close(fd)
+        with memoryview(m.map(nbytes, grow=False))[:nbytes] as view:
+            return Image.frombytes(mode, size, view)
 
 
 def write_slot(name: str, data: bytes) -> None:
     """Write into another process's slot (a replica writing its reply), growing it if needed."""
-    fd = _open_slot(name, os.O_RDWR)
-    try:
-        if os.fstat(fd).st_size < len(data):
-            os.ftruncate(fd, len(data))
-        view = memoryview(data)
-        pos = 0
-        while pos < len(view):
-            pos += os.pwrite(fd, view[pos:], pos)
-    finally:
-        os.close(fd)
+    with _CACHE.use(name, len(data), write=True) as m:
+        m.map(len(data), grow=True)[: len(data)] = data
 
 
 class ShmSlot:

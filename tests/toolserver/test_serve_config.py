@@ -267,6 +267,21 @@ def test_shm_slots_are_reused_grown_and_removed(pool):
 
 
 @needs_shm
+def test_replica_mappings_are_dropped_when_the_caller_removes_its_slot():
+    from toolserver import wire as wire_mod
+
+    img = Image.effect_noise((256, 256), 50).convert("L")
+    owner, other = ShmPool(), ShmPool()
+    w = WireImage.pack(img, owner)
+    assert w.unpack().tobytes() == img.tobytes()  # as a replica: mapped once, kept for reuse
+    assert w.shm in wire_mod._CACHE._slots
+    owner.close()
+    WireImage.pack(img, other).unpack()  # any later use of the cache prunes removed slots
+    assert w.shm not in wire_mod._CACHE._slots
+    other.close()
+
+
+@needs_shm
 def test_shm_names_are_checked_before_any_file_is_opened(pool):
     for name in ("../etc/passwd", SHM_PREFIX + "x" * 32, "plasma"):
         with pytest.raises(ShmMissing):
