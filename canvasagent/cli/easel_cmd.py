@@ -68,8 +68,21 @@ def cmd_paint(args: argparse.Namespace) -> int:
     return 0
 
 
+RECON_POLICIES = ("painter", "blank", "mean-fill", "dominant-fill")
+SEMANTIC_POLICIES = ("blank", "random", "heuristic")
+
+
+def _check_policy(policy: str, suite: str) -> None:
+    if policy.startswith("agent:") and len(policy) > len("agent:"):
+        return
+    allowed = RECON_POLICIES if suite == "reconstruction" else SEMANTIC_POLICIES
+    if policy not in allowed:
+        raise SystemExit(f"--policy for the {suite} suite must be one of {', '.join(allowed)} or agent:SPEC")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from canvasagent.easel import bench
+    _check_policy(args.policy, args.suite)
     cfg = bench.load_config(args.config)
     over = {}
     if args.n_per_category is not None:
@@ -82,7 +95,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         over["natural_dir"] = args.natural_dir
     if args.categories:
         over["categories"] = tuple(args.categories.split(","))
+    if args.ray:
+        over["ray"] = True
     cfg = replace(cfg, **over)
+    seeds = tuple(range(args.seeds))
+    if args.policy.startswith("agent:"):
+        from canvasagent.easel import agent, tasks
+        acfg = agent.AgentConfig(budget=args.agent_budget, coords=args.coords)
+        spec = args.policy[len("agent:"):]
+        if args.suite == "semantic":
+            from canvasagent.easel import semantic
+            print(semantic.format_table(agent.run_semantic(spec, seeds, acfg, args.out)))
+        else:
+            suite = tasks.reconstruction_suite(cfg.n_per_category, cfg.seed, cfg.categories, cfg.natural_dir)
+            print(bench.format_table(agent.run_reconstruction(spec, suite, acfg, args.out)))
+        return 0
+    if args.suite == "semantic":
+        from canvasagent.easel import semantic
+        print(semantic.format_table(semantic.run([args.policy], seeds, args.out)))
+        return 0
     results = bench.run(args.policy, cfg, args.out)
     print(bench.format_table(results))
     return 0
@@ -106,7 +137,7 @@ def cmd_data(args: argparse.Namespace) -> int:
         raise SystemExit("no reference images found")
     cfg = bench.load_config(args.config).painter
     counts = data.build_dataset(refs, args.out, n_strokes=args.strokes, painter_cfg=cfg, workers=args.workers,
-                                parquet=not args.no_parquet)
+                                parquet=not args.no_parquet, ray=args.ray)
     print(json.dumps(counts))
     return 0
 
@@ -131,8 +162,18 @@ def register(subparsers) -> None:
     s.add_argument("--config", default=None, help="EASEL yaml (default configs/easel/default.yaml)")
     s.set_defaults(func=cmd_paint)
 
-    s = sub.add_parser("bench", help="reconstruction benchmark (Table 3 style)")
-    s.add_argument("--policy", required=True, choices=["painter", "blank", "mean-fill", "dominant-fill"])
+    s = sub.add_parser("bench", help="reconstruction (Table 3 style) or semantic-task benchmark")
+    s.add_argument("--policy", required=True,
+                   help="reconstruction: painter|blank|mean-fill|dominant-fill; semantic: blank|random|heuristic; "
+                        "either: agent:SPEC (a policy spec such as hf:PATH, openai:MODEL@URL, replay:PATH, "
+                        "scripted:NAME, or easel:blank|random|heuristic)")
+    s.add_argument("--suite", choices=["reconstruction", "semantic"], default="reconstruction")
+    s.add_argument("--seeds", type=int, default=1, help="semantic suite: seeds 0..N-1 per task")
+    s.add_argument("--agent-budget", type=int, default=None,
+                   help="agent:SPEC only: override every task's step budget (smoke runs)")
+    s.add_argument("--coords", choices=["unit", "int1000"], default="unit",
+                   help="agent:SPEC only: int1000 rescales 0-1000 path coordinates (EASEL-Data checkpoints)")
+    s.add_argument("--ray", action="store_true", help="painter: paint images as Ray tasks")
     s.add_argument("--out", required=True)
     s.add_argument("--n-per-category", type=int, default=None)
     s.add_argument("--workers", type=int, default=None)
@@ -148,6 +189,7 @@ def register(subparsers) -> None:
     s.add_argument("--strokes", type=int, default=250)
     s.add_argument("--size", type=int, default=128)
     s.add_argument("--workers", type=int, default=1)
+    s.add_argument("--ray", action="store_true", help="paint images as Ray tasks instead of local processes")
     s.add_argument("--no-parquet", action="store_true")
     s.add_argument("--config", default=None)
     s.set_defaults(func=cmd_data)
