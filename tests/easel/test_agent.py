@@ -82,3 +82,19 @@ def test_tiny_hf_model_completes(tmp_path, tiny_qwen3vl_dir):  # noqa: F811
     assert row["policy"].startswith("agent:hf:") and row["turns"] >= 1
     traj = json.loads((tmp_path / "trajectories" / "programmatic-0000" / "trajectory.json").read_text())
     assert len(traj["turns"]) == row["turns"] and traj["meta"]["policy"].startswith("hf:")
+
+
+def test_cli_agent_and_semantic_suites(tmp_path, capsys):
+    import argparse
+
+    from canvasagent.cli import easel_cmd
+    parser = argparse.ArgumentParser()
+    easel_cmd.register(parser.add_subparsers())
+    a = parser.parse_args(["easel", "bench", "--suite", "semantic", "--policy", "agent:easel:heuristic",
+                           "--agent-budget", "8", "--out", str(tmp_path / "s")])
+    # the OCR model is loaded once for handwriting; the agent plan is cut to the budget
+    assert a.func(a) == 0 and "| simple_maze | progress | 8 |" in capsys.readouterr().out
+    assert (tmp_path / "s" / "trajectories" / "hard_maze-0000" / "trajectory.json").exists()
+    a = parser.parse_args(["easel", "bench", "--policy", "heuristic", "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit):
+        a.func(a)  # heuristic is a semantic-suite policy; reconstruction takes agent:easel:heuristic
