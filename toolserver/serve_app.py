@@ -1,10 +1,10 @@
 """The Ray Serve application: one deployment per served tool, plus an HTTP ingress.
 
-Inside Ray, requests and results travel as `toolserver.wire` objects (raw pixels in the
-caller's /dev/shm slots on one host, numpy arrays across hosts); PNG and base64 exist only in the ingress, for
-HTTP callers. Every replica executes through a
-`LocalToolbox`, so errors, output limits and plumbing-only warnings behave exactly as they do
-in-process.
+Inside Ray, requests and results travel as `toolserver.wire` objects: raw pixels in the
+caller's /dev/shm slots on one host, numpy arrays across hosts. PNG and base64 (or raw-pixel
+frames, when the HTTP client asks for them) exist only in the ingress, for HTTP callers. Every
+replica executes through a `LocalToolbox`, so errors, output limits and plumbing-only warnings
+behave exactly as they do in-process.
 """
 
 import asyncio
