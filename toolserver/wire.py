@@ -81,6 +81,8 @@ def _open_slot(name: str, flags: int) -> int:
         return os.open(_shm_path(name), flags)
     except FileNotFoundError:
         raise ShmMissing(f"{name} is not in {SHM_DIR} on this host") from None
+    except OSError as e:  # another user's file (separate containers), ...: fall back to arrays
+        raise ShmMissing(f"cannot open {name}: {e}") from None
 
 
 class _Mapped:
