@@ -13,7 +13,8 @@ Each task becomes a :class:`canvasagent.tasks.Task` of family ``easel``:
 
 ``brush_stroke``/``undo``/``submit`` are ``stateful`` handlers over a
 :class:`CanvasSession`; every tool reply carries the updated canvas image
-and ``step k/B`` (and S for reconstruction). The session's budget is the
+and ``step k/B`` (and S for reconstruction); by default the policy sees only the
+newest canvas image (``AgentConfig.keep_canvas_images``). The session's budget is the
 category budget (or ``AgentConfig.budget``); the runner's turn cap is the
 budget + ``extra_turns`` so unparseable or invalid replies (which the runner
 rejects before the canvas sees them) cannot loop forever. When the budget is
@@ -55,6 +56,10 @@ class AgentConfig:
     # "int1000": a policy trained on EASEL-Data writes path coordinates as integers
     # 0-1000; they are rescaled to [0, 1] before the runner validates the call
     coords: str = "unit"
+    # canvas images kept in the tool replies the policy sees (newest first); older
+    # ones become a text placeholder. The opening reference/canvas always stay.
+    # A VLM cannot hold ~130 canvases in its context; None keeps every image.
+    keep_canvas_images: int | None = 1
     seed: int = 0
 
 
@@ -177,6 +182,34 @@ class Int1000Coords:
         return format_reply(parsed.reason or "", {"name": "brush_stroke", "arguments": args}, parsed.terminate)
 
 
+class RecentCanvases:
+    """Shows a policy only the newest ``keep`` canvas images of the tool replies."""
+
+    PLACEHOLDER = "[earlier canvas image omitted]"
+
+    def __init__(self, inner: Any, keep: int):
+        self.inner = inner
+        self.keep = keep
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def act(self, messages: list[dict[str, Any]], episode: Any = None) -> str:
+        seen = 0
+        trimmed: list[dict[str, Any]] = []
+        for m in reversed(messages):
+            content = m.get("content")
+            if m.get("role") == "tool" and isinstance(content, list):
+                parts = []
+                for part in content:
+                    if part.get("type") == "image":
+                        seen += 1
+                        if seen > self.keep:
+                            part = {"type": "text", "text": self.PLACEHOLDER}
+                    parts.append(part)
+                m = {**m, "content": parts}
+            trimmed.append(m)
+        return self.inner.act(trimmed[::-1], episode)
+
+
 class AgentPolicySource:
     """One policy per episode from an ``agent:`` SPEC (heavy resources shared)."""
 
@@ -203,7 +236,11 @@ class AgentPolicySource:
                 heuristics.plan_for(name, easel_task, self.cfg.seed)
             return PlanPolicy(plan[:budget], self.spec)
         policy = self._factory.for_task(task)
-        return Int1000Coords(policy) if self.cfg.coords == "int1000" else policy
+        if self.cfg.coords == "int1000":
+            policy = Int1000Coords(policy)
+        if self.cfg.keep_canvas_images is not None:
+            policy = RecentCanvases(policy, self.cfg.keep_canvas_images)
+        return policy
 
     def close(self) -> None:
         if self._factory is not None:

@@ -98,3 +98,26 @@ def test_cli_agent_and_semantic_suites(tmp_path, capsys):
     a = parser.parse_args(["easel", "bench", "--policy", "heuristic", "--out", str(tmp_path / "x")])
     with pytest.raises(SystemExit):
         a.func(a)  # heuristic is a semantic-suite policy; reconstruction takes agent:easel:heuristic
+
+
+def test_recent_canvases_keeps_only_the_newest_images():
+    from PIL import Image
+    seen = {}
+
+    class Probe:
+        name = "probe"
+
+        def act(self, messages, episode):
+            seen["m"] = messages
+            return "x"
+
+    img = Image.new("RGB", (4, 4))
+    msgs = [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "t"}]}]
+    for i in range(3):
+        msgs.append({"role": "assistant", "content": [{"type": "text", "text": "a"}]})
+        msgs.append({"role": "tool", "content": [{"type": "image", "image": img}, {"type": "text", "text": str(i)}]})
+    agent.RecentCanvases(Probe(), keep=1).act(msgs, None)
+    kinds = [p["type"] for m in seen["m"] for p in m["content"] if m["role"] != "assistant"]
+    assert kinds.count("image") == 2  # the opening image and the newest canvas
+    assert seen["m"][-1]["content"][0]["type"] == "image" and seen["m"][2]["content"][0]["type"] == "text"
+    assert msgs[2]["content"][0]["type"] == "image"  # the episode's own messages are untouched
