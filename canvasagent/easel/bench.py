@@ -4,7 +4,11 @@ Runs a policy (the painter or an anchor) over the procedural/natural suite and
 reports a per-category table like the paper's Table 3 (final S per category,
 overall Final, @50%, AUC, Best, F-B gap, Edge IoU, exact-repeat rate) plus
 average S curves as a PNG. Each budget mode ("aligned" = the category budget,
-or a fixed stroke count such as 250) gets its own rows.
+or a fixed stroke count such as 250) gets its own rows. Painter episodes run
+in parallel across images: local processes (``workers``), or Ray tasks with
+``ray: true`` (:mod:`canvasagent.easel.parallel`). Agent policies
+(``agent:SPEC``) go through :mod:`canvasagent.easel.agent`, the semantic
+suite through :mod:`canvasagent.easel.semantic`.
 """
 from __future__ import annotations
 
