@@ -62,6 +62,8 @@ class ToolsConfig:
     client: str = "local"  # local | ray | http
     url: str | None = None  # for client=http
     token_env: str = "CANVASAGENT_TOOLSERVER_TOKEN"
+    ray_app: str = "toolserver"  # Serve application name (client=ray)
+    shm: bool | None = None  # client=ray: images through /dev/shm on one host (None: when usable)
     max_pixels: int = 40_000_000
     backends: dict[str, BackendConfig] = field(default_factory=dict)
 

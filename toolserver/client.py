@@ -281,7 +281,13 @@ def make_remote_toolbox(cfg: Any):
     """
     profile = Profile(cfg.profile)
     if cfg.client == "ray":
-        return RayToolbox(address=cfg.url, profile=profile, max_pixels=cfg.max_pixels)
+        return RayToolbox(
+            address=cfg.url,
+            app_name=getattr(cfg, "ray_app", DEFAULT_APP_NAME),
+            profile=profile,
+            max_pixels=cfg.max_pixels,
+            shm=getattr(cfg, "shm", None),
+        )
     if cfg.client == "http":
         token = os.environ.get(cfg.token_env or DEFAULT_TOKEN_ENV) or None
         return HttpToolbox(url=cfg.url or DEFAULT_HTTP_URL, token=token, profile=profile, max_pixels=cfg.max_pixels)
