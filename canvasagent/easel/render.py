@@ -36,9 +36,14 @@ pixel centre ``x``:
    most g can gain between samples: half a sample interval times the largest
    curve speed plus radius change) and not already fully covered by a sample
    (``< 0.5``) -- unless the opacity varies along the stroke, when covered
-   pixels need ``t*`` for ``a(t*)``. They are gathered into 1-D tensors once;
-   selections inside the search are arithmetic lerps (boolean ops and
-   ``torch.where`` are slow in torch on CPU).
+   pixels need ``t*`` for ``a(t*)``; as only the opacity depends on it there,
+   they get ``OPACITY_GOLDEN_STEPS = 5`` iterations (``t*`` within ~0.008, an
+   opacity error of at most ~0.008 ``|oe - os|``). They are gathered into 1-D
+   tensors once; selections inside the search are arithmetic lerps (boolean
+   ops and ``torch.where`` are slow in torch on CPU). The search assumes the
+   maximum lies next to the best sample; where a stroke folds back on itself
+   within the sample spacing, it can settle on the lower of two maxima (a
+   known approximation error, measured in ``docs/EASEL.md``).
 2. Coverage ``cov = clamp(g(t*) + 0.5, 0, 1)``: a one-pixel linear ramp, i.e.
    the box-filtered area of a straight edge, which is the anti-aliasing.
 3. Stroke alpha ``A = a(t*) * cov``.
@@ -47,9 +52,7 @@ pixel centre ``x``:
 Single strokes are evaluated only inside the bounding box of their control
 hull grown by the larger radius + 1 px (alpha is exactly 0 outside). Windows
 of up to 2^14 pixels (every stroke at 128^2) take a numpy implementation of
-the same steps (:mod:`canvasagent.easel.render_np`, which also skips pixels
-whose tent bound ``max_i (g_i + g_i+1 + L_i * step) / 2`` proves them outside);
-it agrees with the torch path to < 1e-3 in alpha (float32 rounding of the
+the same steps (:mod:`canvasagent.easel.render_np`); it agrees with the torch path to < 1e-3 in alpha (float32 rounding of the
 golden-section comparisons). Strokes
 are composited in order on a white canvas (1, 1, 1). Everything is
 float32 and free of randomness, so identical inputs give identical outputs.
@@ -429,7 +432,9 @@ def apply_stroke(canvas: np.ndarray, params: Sequence[float] | np.ndarray) -> np
         return out
     a = _alpha_window_np(p, h, w, win)[..., None]
     win_px = out[y0:y1, x0:x1]  # a view: composite in place, C += (c - C) A
-    win_px += (p[10:13] - win_px) * a
+    d = p[10:13] - win_px
+    d *= a
+    win_px += d
     return out
 
 

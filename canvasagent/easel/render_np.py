@@ -86,42 +86,37 @@ def stroke_alpha_window(p: np.ndarray, h: int, w: int, win: tuple[int, int, int,
     # coarse search, all samples in one broadcast (first maximum wins, as in torch)
     ts = (np.arange(k, dtype=np.float64) / (k - 1)).astype(_F32)
     step = 1.0 / (k - 1)
-    # Lipschitz constant of g on each sample interval: |B'(t)| = |A + 2 B t| is
-    # convex in t, so its maximum on an interval is at an end; plus |r'|.
-    spd = np.hypot(float(ax) + 2 * float(bx) * ts.astype(np.float64), float(ay) + 2 * float(by) * ts.astype(np.float64))
-    lip = (np.maximum(spd[:-1], spd[1:]) + abs(float(dr))).astype(_F32)[:, None, None]
     best_g = np.empty((nh, nw), _F32)
     best_t = np.empty((nh, nw), _F32)
-    upper = np.empty((nh, nw), _F32)  # rigorous upper bound of max_t g
     rows = max(1, _COARSE_ELEMS // max(1, k * nw))
     tt = ts[:, None, None]
     ex = X0[None] + tt * (ax + tt * bx)  # (K, 1, W)
+    ex2 = ex * ex
     rk = r0 + dr * tt
     for s in range(0, nh, rows):
         ey = Y0[None, s:s + rows] + tt * (ay + tt * by)  # (K, h, 1)
-        g = rk - np.sqrt(ex * ex + ey * ey)
+        g = ex2 + ey * ey  # (K, h, W); in place below: the big temporaries dominate
+        np.sqrt(g, out=g)
+        np.subtract(rk, g, out=g)
         best_g[s:s + rows] = g.max(0)  # a reduction: far cheaper than gathering at argmax
         best_t[s:s + rows] = ts[g.argmax(0)]
-        # on [t_i, t_i+1], g lies under the tent of slope lip_i from both ends,
-        # whose apex is (g_i + g_i+1 + lip_i * step) / 2
-        upper[s:s + rows] = (g[:-1] + g[1:] + lip * _F32(step)).max(0) * _F32(0.5)
 
-    # refine only pixels whose alpha depends on t* (see render's docstring);
-    # the tent bound additionally skips pixels provably outside (alpha 0
-    # either way), which the global bound of the torch path keeps
+    # refine only pixels whose alpha depends on t* (see render's docstring)
     speed = max(math.hypot(ax, ay), math.hypot(ax + 2 * bx, ay + 2 * by))
     bound = _F32(0.5 * step * (speed + abs(float(dr))) + 0.05)
-    maybe = (best_g > (_F32(-0.5) - bound)) & (upper > _F32(-0.55))
+    maybe = best_g > (_F32(-0.5) - bound)
     flat_t = best_t.reshape(-1)
     flat_g = best_g.reshape(-1)
-    groups = [(maybe & (best_g < _F32(0.5)), golden_steps)]  # edge: coverage depends on g(t*)
+    edge = np.flatnonzero(maybe & (best_g < _F32(0.5)))  # coverage depends on g(t*)
+    groups = [(edge, golden_steps)]
     if abs(float(q[9]) - float(q[7])) > 1e-6:  # varying opacity: covered pixels need t* for a(t*)
-        groups.append((best_g >= _F32(0.5), min(golden_steps, opacity_steps)))
-    for mask, n_steps in groups:
-        idx = np.flatnonzero(mask)
+        groups.append((np.flatnonzero(best_g >= _F32(0.5)), min(golden_steps, opacity_steps)))
+    for idx, n_steps in groups:
         if idx.size and n_steps > 0:
             flat_t[idx] = _golden(flat_t[idx], flat_g[idx], X0[0, idx % nw], Y0[idx // nw, 0],
                                   coef, step, n_steps)
     g = _g(best_t, X0, Y0, *coef)
-    opacity = q[7] + (q[9] - q[7]) * best_t
-    return opacity * np.clip(g + _F32(0.5), _F32(0.0), _F32(1.0))
+    g += _F32(0.5)
+    np.clip(g, _F32(0.0), _F32(1.0), out=g)  # coverage
+    g *= q[7] + (q[9] - q[7]) * best_t  # times the opacity a(t*)
+    return g
