@@ -39,28 +39,51 @@ def _g(t, x0, y0, ax, bx, ay, by, r0, dr):
     return r0 + dr * t - np.sqrt(ex * ex + ey * ey)
 
 
-def _golden(t0, g0, x0, y0, coef, step: float, steps: int) -> np.ndarray:
-    """Golden-section search for argmax g on [t0 - step, t0 + step] (clamped to [0, 1])."""
-    ax, bx, ay, by, r0, dr = coef
+class _Golden:
+    """Golden-section search for argmax g on [t0 - step, t0 + step] (clamped to [0, 1]),
+    per pixel, as in render's torch ``_golden``. Resumable on a subset of the
+    pixels, so groups that need different iteration counts share the first
+    iterations (fewer numpy calls: at a few thousand pixels each call's
+    overhead is comparable to its arithmetic)."""
+
     phi = _F32(0.6180339887498949)
-    a = np.maximum(t0 - _F32(step), _F32(0.0))
-    b = np.minimum(t0 + _F32(step), _F32(1.0))
-    c = b - phi * (b - a)
-    d = a + phi * (b - a)
-    gc = _g(c, x0, y0, ax, bx, ay, by, r0, dr)
-    gd = _g(d, x0, y0, ax, bx, ay, by, r0, dr)
-    for _ in range(steps):
-        left = gc > gd  # the maximum lies in [a, d]
-        a = np.where(left, a, c)
-        b = np.where(left, d, b)
-        nc = np.where(left, b - phi * (b - a), d)
-        nd = np.where(left, c, a + phi * (b - a))
-        gnew = _g(np.where(left, nc, nd), x0, y0, ax, bx, ay, by, r0, dr)
-        gc, gd = np.where(left, gnew, gd), np.where(left, gc, gnew)
-        c, d = nc, nd
-    t_gs = np.where(gc > gd, c, d)
-    # keep the coarse sample if the search did not beat it
-    return np.where(np.maximum(gc, gd) - g0 + _F32(1e-7) > 0, t_gs, t0)
+
+    def __init__(self, t0, g0, x0, y0, coef, step: float):
+        self.t0, self.g0, self.x0, self.y0, self.coef = t0, g0, x0, y0, coef
+        phi = self.phi
+        self.a = np.maximum(t0 - _F32(step), _F32(0.0))
+        self.b = np.minimum(t0 + _F32(step), _F32(1.0))
+        self.c = self.b - phi * (self.b - self.a)
+        self.d = self.a + phi * (self.b - self.a)
+        self.gc = _g(self.c, x0, y0, *coef)
+        self.gd = _g(self.d, x0, y0, *coef)
+
+    def subset(self, sel: np.ndarray) -> "_Golden":
+        out = object.__new__(_Golden)
+        for k in ("t0", "g0", "x0", "y0", "a", "b", "c", "d", "gc", "gd"):
+            setattr(out, k, getattr(self, k)[sel])
+        out.coef = self.coef
+        return out
+
+    def run(self, steps: int) -> "_Golden":
+        phi, a, b, c, d, gc, gd = self.phi, self.a, self.b, self.c, self.d, self.gc, self.gd
+        for _ in range(steps):
+            left = gc > gd  # the maximum lies in [a, d]
+            a = np.where(left, a, c)
+            b = np.where(left, d, b)
+            ph = phi * (b - a)  # shared by both candidate probes (same operands as torch)
+            nc = np.where(left, b - ph, d)
+            nd = np.where(left, c, a + ph)
+            gnew = _g(np.where(left, nc, nd), self.x0, self.y0, *self.coef)
+            gc, gd = np.where(left, gnew, gd), np.where(left, gc, gnew)
+            c, d = nc, nd
+        self.a, self.b, self.c, self.d, self.gc, self.gd = a, b, c, d, gc, gd
+        return self
+
+    def result(self) -> np.ndarray:
+        t_gs = np.where(self.gc > self.gd, self.c, self.d)
+        # keep the coarse sample if the search did not beat it
+        return np.where(np.maximum(self.gc, self.gd) - self.g0 + _F32(1e-7) > 0, t_gs, self.t0)
 
 
 def stroke_alpha_window(p: np.ndarray, h: int, w: int, win: tuple[int, int, int, int], k: int,
@@ -108,13 +131,19 @@ def stroke_alpha_window(p: np.ndarray, h: int, w: int, win: tuple[int, int, int,
     flat_t = best_t.reshape(-1)
     flat_g = best_g.reshape(-1)
     edge = np.flatnonzero(maybe & (best_g < _F32(0.5)))  # coverage depends on g(t*)
-    groups = [(edge, golden_steps)]
-    if abs(float(q[9]) - float(q[7])) > 1e-6:  # varying opacity: covered pixels need t* for a(t*)
-        groups.append((np.flatnonzero(best_g >= _F32(0.5)), min(golden_steps, opacity_steps)))
-    for idx, n_steps in groups:
-        if idx.size and n_steps > 0:
-            flat_t[idx] = _golden(flat_t[idx], flat_g[idx], X0[0, idx % nw], Y0[idx // nw, 0],
-                                  coef, step, n_steps)
+    # covered pixels of a varying-opacity stroke need t* only for a(t*): fewer steps
+    inner = np.flatnonzero(best_g >= _F32(0.5)) if abs(float(q[9]) - float(q[7])) > 1e-6 else edge[:0]
+    n_inner = min(golden_steps, opacity_steps) if inner.size else 0
+    idx = np.concatenate([edge, inner])
+    if idx.size and golden_steps > 0:
+        search = _Golden(flat_t[idx], flat_g[idx], X0[0, idx % nw], Y0[idx // nw, 0], coef, step)
+        search.run(n_inner if inner.size else golden_steps)
+        if inner.size:
+            flat_t[inner] = search.subset(slice(edge.size, None)).result()
+            if edge.size:
+                flat_t[edge] = search.subset(slice(0, edge.size)).run(golden_steps - n_inner).result()
+        else:
+            flat_t[edge] = search.result()
     g = _g(best_t, X0, Y0, *coef)
     g += _F32(0.5)
     np.clip(g, _F32(0.0), _F32(1.0), out=g)  # coverage
