@@ -80,10 +80,12 @@ class _Golden:
         self.a, self.b, self.c, self.d, self.gc, self.gd = a, b, c, d, gc, gd
         return self
 
-    def result(self) -> np.ndarray:
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """(t*, g(t*)): the better probe, or the coarse sample if the search did not beat it."""
+        g_gs = np.maximum(self.gc, self.gd)
         t_gs = np.where(self.gc > self.gd, self.c, self.d)
-        # keep the coarse sample if the search did not beat it
-        return np.where(np.maximum(self.gc, self.gd) - self.g0 + _F32(1e-7) > 0, t_gs, self.t0)
+        won = g_gs - self.g0 + _F32(1e-7) > 0
+        return np.where(won, t_gs, self.t0), np.where(won, g_gs, self.g0)
 
 
 def stroke_alpha_window(p: np.ndarray, h: int, w: int, win: tuple[int, int, int, int], k: int,
@@ -135,16 +137,21 @@ def stroke_alpha_window(p: np.ndarray, h: int, w: int, win: tuple[int, int, int,
     inner = np.flatnonzero(best_g >= _F32(0.5)) if abs(float(q[9]) - float(q[7])) > 1e-6 else edge[:0]
     n_inner = min(golden_steps, opacity_steps) if inner.size else 0
     idx = np.concatenate([edge, inner])
+    # g(t*) of every pixel: the coarse maximum, replaced in place by the
+    # search's value where it ran (the same arithmetic as evaluating g at t*
+    # again); the search copied its inputs when it was set up
+    flat_gs = flat_g
     if idx.size and golden_steps > 0:
         search = _Golden(flat_t[idx], flat_g[idx], X0[0, idx % nw], Y0[idx // nw, 0], coef, step)
         search.run(n_inner if inner.size else golden_steps)
         if inner.size:
-            flat_t[inner] = search.subset(slice(edge.size, None)).result()
+            flat_t[inner], flat_gs[inner] = search.subset(slice(edge.size, None)).result()
             if edge.size:
-                flat_t[edge] = search.subset(slice(0, edge.size)).run(golden_steps - n_inner).result()
+                rest = search.subset(slice(0, edge.size)).run(golden_steps - n_inner)
+                flat_t[edge], flat_gs[edge] = rest.result()
         else:
-            flat_t[edge] = search.result()
-    g = _g(best_t, X0, Y0, *coef)
+            flat_t[edge], flat_gs[edge] = search.result()
+    g = best_g
     g += _F32(0.5)
     np.clip(g, _F32(0.0), _F32(1.0), out=g)  # coverage
     g *= q[7] + (q[9] - q[7]) * best_t  # times the opacity a(t*)
