@@ -82,9 +82,17 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
                     recs.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise TaskLoadError(f"{path}:{n}: not JSON ({e})") from e
+                if not isinstance(recs[-1], dict):
+                    raise TaskLoadError(f"{path}:{n}: expected a task object, got {type(recs[-1]).__name__}")
         return recs
-    data = json.loads(text)
-    return data if isinstance(data, list) else data.get("tasks", [data])
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TaskLoadError(f"{path}: not JSON ({e})") from e
+    recs = data if isinstance(data, list) else data.get("tasks", [data]) if isinstance(data, dict) else None
+    if not isinstance(recs, list) or not all(isinstance(r, dict) for r in recs):
+        raise TaskLoadError(f"{path}: expected a task object, a list of them or {{\"tasks\": [...]}}")
+    return recs
 
 
 def _canvascraft_tasks(p: Path, split: str) -> list[Task] | None:
