@@ -32,11 +32,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_reward)
 
 
+class _PresetError(Exception):
+    pass
+
+
 def _hybrid(args: argparse.Namespace):
+    import yaml
+
     from rewards.config import RewardConfig
     from rewards.hybrid import HybridReward
 
-    cfg = RewardConfig.load(args.preset)
+    try:
+        cfg = RewardConfig.load(args.preset)
+    except (OSError, ValueError, TypeError, yaml.YAMLError) as e:
+        raise _PresetError(f"error: cannot load reward preset {args.preset}: {' '.join(str(e).split())}") from e
     if args.judge:
         cfg.judges.kind = args.judge
     if args.judge_model:
@@ -131,6 +140,9 @@ def _batch(args: argparse.Namespace) -> int:
             names.append(str(p.parent.relative_to(root)) or ".")
         except (OSError, ValueError, KeyError) as e:
             log.warning("skipping %s: %s", p, e)
+    if not trajs:
+        print(f"error: none of the {len(paths)} trajectory.json under {root} could be loaded", file=sys.stderr)
+        return 2
     h = _hybrid(args)
     try:
         flats = h.score_many(trajs)
@@ -151,4 +163,8 @@ def cmd_reward(args: argparse.Namespace) -> int:
     if bool(args.traj) == bool(args.batch):
         print("error: give one trajectory or --batch DIR", file=sys.stderr)
         return 2
-    return _batch(args) if args.batch else _single(args)
+    try:
+        return _batch(args) if args.batch else _single(args)
+    except _PresetError as e:
+        print(e, file=sys.stderr)
+        return 2
