@@ -222,11 +222,17 @@ class Episode:
         turn.plumbing_only = result.plumbing_only
         turn.result_data = dict(result.data)
         turn.tool_text = result.text
+        # A stateful environment can end the episode from a tool result, even a failed one
+        # (a rejected stroke can spend the last step of an EASEL budget).
+        end = result.data.get("end_episode") or ("submit" if result.data.get("submitted") else None)
         if not result.ok:
             turn.status = "error"
             turn.error_code = result.error_code or "tool_failed"
             turn.error = result.text
-            return self._error_observation(turn, result.text)
+            obs = self._error_observation(turn, result.text)
+            if end:
+                self._finish(str(end))
+            return obs
 
         turn.status = "ok"
         store = self.assets
@@ -239,8 +245,8 @@ class Episode:
         else:
             turn.observation = echo_plain(result.text, store.imglist_text())
         turn.imglist = store.ids()
-        if result.data.get("submitted"):
-            self._finish("submit")
+        if end:
+            self._finish(str(end))
         return observation_message(turn.observation, result.image)
 
 

@@ -100,7 +100,8 @@ class Trajectory:
     task: Task
     assets: AssetStore
     turns: list[Turn] = field(default_factory=list)
-    stop_reason: str = "running"  # terminate | max_turns | policy_error | interrupted | submit
+    # terminate | submit | budget (an environment's step budget) | max_turns | policy_error | interrupted
+    stop_reason: str = "running"
     system_prompt: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
 

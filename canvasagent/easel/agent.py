@@ -111,8 +111,8 @@ class CanvasTools:
         if r.s is not None:
             data["s"] = r.s
         if r.done:
-            # the session accepts nothing more; "submitted" makes the runner end the episode
-            data["submitted"] = True
+            # the session accepts nothing more: the runner ends the episode with this reason
+            data["end_episode"] = "submit" if s.submitted else "budget"
             text += " Episode finished."
         if not r.ok:
             return ToolResult.failure("stroke_rejected" if "wall" in r.message else "canvas_refused", text,
@@ -128,7 +128,7 @@ class CanvasTools:
     def _submit(self, req: ToolRequest) -> ToolResult:
         r = self.session.call("submit", {})
         return ToolResult(True, f"submitted after {r.steps_used} steps.", kind=OutputKind.NONE,
-                          data={"submitted": True, "steps_used": r.steps_used})
+                          data={"end_episode": "submit", "steps_used": r.steps_used})
 
 
 class NoToolbox:

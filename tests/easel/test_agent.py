@@ -51,7 +51,7 @@ def test_replay_policy_budget_and_undo(tmp_path):
     res = agent.run_reconstruction(f"replay:{tmp_path / 'r.json'}", _suite(), agent.AgentConfig(budget=3),
                                    tmp_path / "out")
     row = json.loads((tmp_path / "out" / "results.jsonl").read_text())
-    assert row["stop_reason"] == "submit"  # the budget ran out on the third step
+    assert row["stop_reason"] == "budget"  # the budget ran out on the third step
     blank = _suite()[0].score(_suite()[0].initial_canvas())
     assert res[0].diagnostics["steps"] == 3 and res[0].curve[1] == pytest.approx(blank)  # undo restored it
     assert res[0].curve[0] == pytest.approx(res[0].curve[2])
