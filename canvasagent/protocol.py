@@ -268,6 +268,11 @@ _CHAIN_RULES = {
     ),
 }
 
+_COORDINATES = {
+    "canvasagent": "Coordinates are integers in 0-1000 (fractions of the image size times 1000). ",
+    "easel": "Brush parameters are numbers in [0, 1] (coordinates as fractions of the canvas). ",
+}
+
 _ROLE = {
     "canvasagent": (
         "You are a visual agent that can see images and solves image creation and editing tasks by calling tools."
@@ -296,8 +301,8 @@ def render_system_prompt(family: str = "canvasagent", names: list[str] | None = 
         "## Output format\n"
         f"Each turn: {REASON_OPEN}a brief reason{REASON_CLOSE}, then at most one "
         f'{CALL_OPEN}{{"name": "<tool>", "arguments": {{...}}}}{CALL_CLOSE}. '
-        "Coordinates are integers in 0-1000. "
-        f"When the task is done, reply with a {REASON_OPEN}…{REASON_CLOSE} and {TERMINATE}. No code fences."
+        + _COORDINATES[family]
+        + f"When the task is done, reply with a {REASON_OPEN}…{REASON_CLOSE} and {TERMINATE}. No code fences."
     )
     return "\n\n".join(parts)
 
