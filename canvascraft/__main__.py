@@ -12,8 +12,15 @@ from pathlib import Path
 log = logging.getLogger("canvascraft")
 
 
+def _count(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
 def _build_args(p: argparse.ArgumentParser, kind: str) -> None:
-    p.add_argument("--n", type=int, help="row slots to build")
+    p.add_argument("--n", type=_count, help="row slots to build")
     p.add_argument("--out", required=True, help="output folder (re-running resumes it)")
     p.add_argument("--config", default=kind, help=f"build config in configs/canvascraft/ (default {kind}) or a YAML path")
     p.add_argument("--images", help="builtin | procedural | photos | DIR | saved dataset DIR | hf:NAME[:SPLIT]")
@@ -123,7 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    import yaml
+
+    try:
+        return int(args.func(args) or 0)
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        # Bad user input (missing or malformed config/input, unknown image source, unusable --out):
+        # one line, not a traceback; -v shows the traceback.
+        if args.verbose:
+            raise
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
