@@ -98,6 +98,9 @@ class RayToolbox:
         by_name = {info["deployment"] for info in self.manifest.values() if info["deployment"]}
         handles = {name: serve.get_deployment_handle(name, app_name) for name in by_name}
         self.handles = {tool: handles[info["deployment"]] for tool, info in self.manifest.items() if info["deployment"]}
+        # Tools the served app can run, under the same name LocalToolbox uses, so callers such as
+        # the CanvasCraft builder can skip chains the server has no backend for.
+        self.backends = {tool: info["mode"] for tool, info in self.manifest.items() if info["mode"] != "unconfigured"}
         self.max_pixels = min(max_pixels, int(manifest["max_pixels"]))
         # Caller-mode pure tools run here, exactly as in-process.
         self.local = LocalToolbox(profile=profile, max_output_pixels=self.max_pixels)
