@@ -48,8 +48,15 @@ class PipelineConfig:
     cc_eval_n: int = 16
 
 
-#: Tools with real offline backends (pure tools, OCR, SR): the only ones the CPU pipeline uses.
-OFFLINE_TOOLS = ["Crop", "Flip", "Rotate", "Extract", "Overlayer", "OCR", "SR"]
+def offline_tools() -> list[str]:
+    """Tools with real offline backends, the only ones the CPU pipeline uses: the registry's pure
+    tools plus the model tools `configs/tools/offline.yaml` gives a backend (OCR, SR), in registry
+    order. Derived, so the registry stays the one tool list."""
+    from canvasagent.config import ToolsConfig
+    from toolserver.registry import Backend, tools
+
+    served = set(ToolsConfig.load("offline").backends)
+    return [t.name for t in tools("canvasagent") if t.backend is Backend.PURE or t.name in served]
 
 
 def _done(path: Path) -> dict[str, Any] | None:
@@ -74,7 +81,7 @@ class Pipeline:
         seed = cfg.seed
         data: dict[str, Any] = {}
         if cfg.data == "canvascraft":
-            data = {"tools.names": OFFLINE_TOOLS, "data.format": "canvascraft"}
+            data = {"tools.names": offline_tools(), "data.format": "canvascraft"}
         elif cfg.data != "scripted":
             raise ValueError(f"unknown pipeline data {cfg.data!r} (scripted | canvascraft)")
         cc = self.out / "data" / "canvascraft"
