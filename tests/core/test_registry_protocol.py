@@ -82,3 +82,10 @@ def test_tools_cli(tmp_path, capsys):
     rc = main(["tools", "call", "SAM", "--image", f"img_1={tmp_path / 'a.png'}", "--args", '{"image": "img_1", "bbox": [0,0,10,10]}', "--out", str(tmp_path / "o2")])
     assert rc == 1 and "backend" in json.loads((tmp_path / "o2" / "result.json").read_text())["observation"]
     assert main(["tools", "call", "Flip", "--args", "{bad", "--out", str(tmp_path / "o3")]) == 2
+
+
+def test_every_pure_tool_in_the_registry_has_an_implementation():
+    # The registry is the tool list; toolserver.tools.pure only maps its PURE tools to functions.
+    from toolserver.tools.pure import PURE_TOOLS
+
+    assert set(PURE_TOOLS) == {s.name for s in REGISTRY.values() if s.backend is Backend.PURE}
