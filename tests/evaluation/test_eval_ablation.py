@@ -119,10 +119,11 @@ def test_cli_trainer_runs_a_subprocess_and_resumes(tmp_path):
         train("sft", "x", tmp_path / "r2", {"fail": 1}, tmp_path / "r2.log")
 
 
-def test_shipped_grids_load_and_dry_run(capsys):
+def test_shipped_grids_load_and_dry_run(capsys, tmp_path):
     for name in ("paper", "tiny_cpu"):
         cfg = AblationConfig.load(name)
         assert [slug(c.name) for c in cfg.cells] == ["sft-only", "rl-only", "sft-rl", "w-o-outcome-reward", "w-o-process-reward"]
-    assert cli_main(["ablate", "--grid", "tiny_cpu", "--out", "/tmp/unused-ablation-dir", "--dry-run"]) == 0
+    assert cli_main(["ablate", "--grid", "tiny_cpu", "--out", str(tmp_path / "unused-ablation-dir"), "--dry-run"]) == 0
+    assert not (tmp_path / "unused-ablation-dir").exists()  # a dry run writes nothing
     text = capsys.readouterr().out
     assert "train sft  --config sft_tiny_cpu" in text and "reward no-process, from sft/final" in text
