@@ -15,7 +15,7 @@ PURE_TOOLS = str(Path(__file__).with_name("pure_tools.yaml"))
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_build_equals_local_build(tmp_path):
-    ray = pytest.importorskip("ray")
+    import ray  # a declared dependency: missing, it is an error, not a skip
     cfg = load_build_config("sft", n=4, shard_size=2, workers=1, tools_config=PURE_TOOLS, seed=5)
     run_build("sft", cfg, tmp_path / "local", progress=False)
     try:
