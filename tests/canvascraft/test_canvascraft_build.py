@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import http.server
 import json
 import random
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +34,8 @@ from toolserver.registry import REGISTRY, OutputKind
 from toolserver.results import ToolResult
 from toolserver.toolbox import LocalToolbox
 from toolserver.validation import Profile
+
+from tests.stub_openai import StubOpenAI
 
 # -- fake model backends: exercise Grounding/SAM chains through the real runner ----------------
 
@@ -465,47 +465,26 @@ def test_builtin_source_scenes_and_photos():
     assert any(o.startswith(("skimage:", "sklearn:")) for o in photos) and "procedural" in photos
 
 
-class _Stub(http.server.BaseHTTPRequestHandler):
-    requests: list = []
-    status = 200
-
-    def do_POST(self):  # noqa: N802 (http.server API)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _Stub.requests.append((self.path, body))
-        payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": "  Please mirror my photo.  "}}]}).encode()
-        self.send_response(_Stub.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *a):
-        pass
-
-
 def test_llm_writer_against_a_stub_server(tmp_path):
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Stub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        w = LLMWriter(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="stub")
+    status = {"code": 200}
+    reply = {"choices": [{"message": {"role": "assistant", "content": "  Please mirror my photo.  "}}]}
+    with StubOpenAI(lambda body: (status["code"], reply)) as stub:
+        w = LLMWriter(base_url=stub.base_url, model="stub")
         src = ProceduralSource().sample(random.Random(0), frozenset(), frozenset({"text", "mirrored"}))
         plan = make_plan(Chain.from_spec("Flip"), [src], random.Random(0), Profile.CANVASCRAFT)
         assert w.write(plan, random.Random(0), "implicit") == "Please mirror my photo."
-        path, body = _Stub.requests[-1]
-        assert path == "/v1/chat/completions" and body["model"] == "stub"
+        body = stub.requests[-1]
+        assert body["_path"] == "/v1/chat/completions" and body["model"] == "stub"
         assert "Flip" in body["messages"][1]["content"] and "implicit" in body["messages"][0]["content"].lower()
-        _Stub.status = 500
+        status["code"] = 500
         text = w.write(plan, random.Random(0), "explicit")
         assert w.failures == 1 and text and text != "Please mirror my photo."
         # Wired through a build config: every instruction comes from the endpoint.
-        _Stub.status = 200
+        status["code"] = 200
         out = tmp_path / "llm"
         run_build("sft", _cfg("sft", n=2, writer="llm", llm={"base_url": w.base_url, "model": "stub"}), out, progress=False)
         rows = formats.read_rows(shard_files(out))
         assert [r["instruction"] for r in rows] == ["Please mirror my photo."] * 2 and {r["writer"] for r in rows} == {"llm"}
-    finally:
-        _Stub.status = 200
-        server.shutdown()
 
 
 def test_template_writer_varies_phrasing_and_tone():

@@ -10,7 +10,7 @@ import yaml
 from canvasagent.cli import main as cli_main
 from canvasagent.evaluation.agent import build_agent
 from tests.evaluation.conftest import fake_score
-from tests.evaluation.stub_openai import StubOpenAI, chat_payload, free_port
+from tests.stub_openai import StubOpenAI, chat_payload, free_port
 
 ASPECTS = {
     "max_rounds": 3,

@@ -103,7 +103,7 @@ def test_chat_cli_closed_mid_episode_saves(tmp_path, monkeypatch, capsys):
 
 
 def test_chat_with_endpoint_down_offers_takeover(tmp_path, monkeypatch, capsys):
-    from tests.evaluation.stub_openai import free_port
+    from tests.stub_openai import free_port
 
     img = tmp_path / "in.png"
     Image.new("RGB", (40, 20), "blue").save(img)

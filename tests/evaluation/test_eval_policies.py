@@ -16,7 +16,7 @@ from canvasagent.policies.spec import PolicyFactory, PolicySpecError, ReplaySour
 from canvasagent.protocol import format_reply
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory
-from tests.evaluation.stub_openai import StubOpenAI, chat_payload, free_port, replies
+from tests.stub_openai import StubOpenAI, chat_payload, free_port, replies
 
 FLIP = format_reply("mirror", {"name": "Flip", "arguments": {"image": "img_1"}})
 DONE = format_reply("done", terminate=True)

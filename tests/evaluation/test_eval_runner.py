@@ -174,7 +174,7 @@ def test_reference_images_survive_the_split_round_trip(tmp_path):
 
 def test_eval_cli_with_an_http_judge_stub(eval_split, tmp_path):
     """`--judge http --judge-url --judge-model` reach the hybrid reward's OpenAI-compatible judge."""
-    from tests.evaluation.stub_openai import StubOpenAI, chat_payload
+    from tests.stub_openai import StubOpenAI, chat_payload
 
     with StubOpenAI(lambda body: (200, chat_payload('{"score": 8, "reason": "stub"}'))) as stub:
         out = tmp_path / "http"

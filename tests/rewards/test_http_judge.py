@@ -12,7 +12,7 @@ from rewards.hybrid import HybridReward
 from rewards.judges import TrajectoryView, make_judge
 from rewards.judges.http import HttpJudge
 from tests.rewards.helpers import DONE, R, gradient, run
-from tests.rewards.stub_openai import StubServer
+from tests.stub_openai import StubServer
 
 
 @pytest.fixture(scope="module")

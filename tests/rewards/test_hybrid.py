@@ -13,7 +13,7 @@ from PIL import Image
 from rewards.config import HttpJudgeConfig, JudgeConfig, RewardConfig
 from rewards.hybrid import COMPONENTS, HybridReward, reward_functions, trl_reward_setup
 from tests.rewards.helpers import DONE, R, mask, run
-from tests.rewards.stub_openai import StubServer
+from tests.stub_openai import StubServer
 from toolserver.toolbox import RecordedOutput
 
 A = pytest.approx

@@ -49,7 +49,7 @@ def test_run_streams_each_step_and_stops_on_endpoint_error(tmp_path):
     views = list(ctl.run(st))
     assert [v.asset_ids[-1] for v in views] == ["Flip_0", "Crop_0", "Crop_0"] and views[-1].status.startswith("finished")
 
-    from tests.evaluation.stub_openai import free_port
+    from tests.stub_openai import free_port
 
     st2 = UIState()
     ctl.start(st2, [img], "mirror", f"openai:m@http://127.0.0.1:{free_port()}/v1?max_retries=0")
