@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
@@ -12,20 +11,13 @@ from PIL import Image
 from canvasagent.protocol import format_reply
 from canvasagent.trajectory import Trajectory
 from canvasagent.ui.controller import UIConfig
+from tests.stub_openai import free_port
 
 REPLIES = [
     format_reply("Mirror the photo.", {"name": "Flip", "arguments": {"image": "img_1"}}),
     format_reply("Keep the left half.", {"name": "Crop", "arguments": {"image": "Flip_0", "bbox": [0, 0, 500, 1000]}}),
     format_reply("Done.", terminate=True),
 ]
-
-
-def _port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @pytest.fixture
@@ -35,7 +27,7 @@ def app(tmp_path):
     replay = tmp_path / "replies.json"
     replay.write_text(json.dumps(REPLIES))
     cfg = UIConfig(policy=f"replay:{replay}", runs_dir=str(tmp_path / "runs"))
-    port = _port()
+    port = free_port()
     demo = launch(cfg, port=port, block=False)
     yield f"http://127.0.0.1:{port}/", tmp_path / "runs"
     demo.close()
