@@ -38,6 +38,8 @@ def from_dict(cls: type[T], data: dict[str, Any] | None) -> T:
         t = hints.get(k)
         if is_dataclass(t) and isinstance(v, dict):
             v = from_dict(t, v)  # type: ignore[arg-type]
+        elif is_dataclass(t) and v is not None and not isinstance(v, t):  # type: ignore[arg-type]
+            raise ValueError(f"{cls.__name__}.{k}: expected a mapping of {t.__name__} settings, got {type(v).__name__} {v!r}")
         kwargs[k] = v
     return cls(**kwargs)
 
