@@ -199,5 +199,7 @@ class Trajectory:
         if p.is_dir():
             p = p / "trajectory.json"
         d = json.loads(p.read_text())
+        if not isinstance(d, dict) or not {"task", "turns"} <= set(d):
+            raise ValueError(f"{p}: not a CanvasAgent trajectory (expected an object with 'task' and 'turns')")
         images = {a["id"]: open_image(p.parent / a["file"]) for a in d.get("assets", [])}
         return cls.from_dict(d, images)
