@@ -15,6 +15,8 @@ import json
 import logging
 from typing import Any, Callable, Literal
 
+from PIL import Image
+
 from canvasagent.episode import Episode, EpisodeConfig
 from canvasagent.protocol import parse_reply
 from canvasagent.tasks import Task
@@ -101,6 +103,12 @@ class CanvasEnv:
     episode_config: EpisodeConfig = EpisodeConfig()
     _toolbox_factory: Callable[[], Any] | None = None
     _toolbox: Any = None  # one per process: the local toolbox is stateless, remote ones are clients
+    # Text-only observations (errors, OCR, Grounding) also carry the current image. TRL 1.16's
+    # tool loop crashes in Qwen3-VL's rope index when every rollout of a turn got a text-only
+    # observation (image tokens re-rendered without an image grid; TRL #6274), and any run can
+    # hit that once the policy makes a few bad calls. The image is the latest asset, which is
+    # what the policy would look at next anyway.
+    image_in_every_observation: bool = True
 
     def __init__(self) -> None:
         self.episode: Episode | None = None
@@ -125,12 +133,22 @@ class CanvasEnv:
         ep = self.episode
         assert ep is not None, "reset() first"
         if ep.done:
-            return f"Error: the episode has ended ({ep.trajectory.stop_reason}); reply with <Terminate>."
+            return self._text_observation(f"Error: the episode has ended ({ep.trajectory.stop_reason}); reply with <Terminate>.")
         res = ep.call_tool(name, arguments)
-        content = (res.observation or {}).get("content") or []
+        content = list((res.observation or {}).get("content") or [])
         if not any(p.get("type") == "image" for p in content):
-            return "".join(p.get("text", "") for p in content)  # text-only observation (errors, OCR)
+            return self._text_observation("".join(p.get("text", "") for p in content))  # errors, OCR
         return content
+
+    def _text_observation(self, text: str) -> list[dict[str, Any]] | str:
+        if not self.image_in_every_observation:
+            return text
+        return [{"type": "image", "image": self._state_image()}, {"type": "text", "text": text}]
+
+    def _state_image(self) -> Image.Image:
+        last = self.episode.assets.last() if self.episode is not None else None
+        # With no asset at all (a generation task before its first image) a small blank stands in.
+        return last.image if last is not None else Image.new("RGB", (32, 32), (255, 255, 255))
 
     def _finalize(self, completion: list[dict[str, Any]]) -> Trajectory:
         """Complete the trajectory with what only the completion knows: the reply texts.
