@@ -103,12 +103,11 @@ class CanvasEnv:
     episode_config: EpisodeConfig = EpisodeConfig()
     _toolbox_factory: Callable[[], Any] | None = None
     _toolbox: Any = None  # one per process: the local toolbox is stateless, remote ones are clients
-    # Text-only observations (errors, OCR, Grounding) also carry the current image. TRL 1.16's
-    # tool loop crashes in Qwen3-VL's rope index when every rollout of a turn got a text-only
-    # observation (image tokens re-rendered without an image grid; TRL #6274), and any run can
-    # hit that once the policy makes a few bad calls. The image is the latest asset, which is
-    # what the policy would look at next anyway.
-    image_in_every_observation: bool = True
+    # Opt-in: text-only observations (errors, OCR, an ended episode) also carry the latest asset
+    # image. Meant to avoid TRL #6274 (a rope-index crash when a whole turn got text-only tool
+    # results), but on the tiny pipeline it triggered the same crash in the loss forward at
+    # GRPO step 38, while the text-only default ran clean; so it stays off by default.
+    image_in_every_observation: bool = False
 
     def __init__(self) -> None:
         self.episode: Episode | None = None
