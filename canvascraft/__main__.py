@@ -130,17 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    import yaml
+    from canvasagent.cli.errors import run_command
 
-    try:
-        return int(args.func(args) or 0)
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        # Bad user input (missing or malformed config/input, unknown image source, unusable --out):
-        # one line, not a traceback; -v shows the traceback.
-        if args.verbose:
-            raise
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

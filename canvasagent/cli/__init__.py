@@ -15,6 +15,8 @@ import sys
 
 from rich.logging import RichHandler
 
+from canvasagent.cli.errors import run_command
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="canvasagent", description="CanvasAgent: visual tool-use agents")
@@ -36,20 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    import yaml
-
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        # Bad user input a command did not report itself (a missing or unreadable file, a
-        # malformed config or JSON): one line, not a traceback; -v shows the traceback.
-        if args.verbose:
-            raise
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":
