@@ -164,3 +164,67 @@ def mark_plumbing(result: ToolResult, plumbing_only: bool) -> ToolResult:
         sep = "" if result.text.endswith("\n") else "\n"
         result.text = f"{result.text}{sep}{PLUMBING_NOTE}"
     return result
+
+
+# ------------------------------------------------------------------------------ batched calls
+# `batch_call(list[ToolRequest]) -> list[ToolResult]` is what the Ray Serve app's @serve.batch
+# path calls (toolserver.serve_app.ToolDeployment). It bypasses LocalToolbox, so the helpers
+# below turn one request's error into that request's failed result exactly as LocalToolbox.call
+# would, and never let it fail the requests batched with it.
+
+P = TypeVar("P")
+
+
+def item_failure(request: Any, exc: BaseException) -> ToolResult:
+    """The failed result LocalToolbox makes of an exception raised by one call."""
+    if isinstance(exc, ToolError):
+        return ToolResult.failure(exc.code, exc.message)
+    log.error("tool %s raised in a batch", request.tool, exc_info=exc)
+    return ToolResult.failure("tool_exception", f"{request.tool} failed: {type(exc).__name__}: {exc}")
+
+
+def call_one(fn: Callable[[Any], ToolResult], request: Any) -> ToolResult:
+    try:
+        return fn(request)
+    except Exception as e:
+        return item_failure(request, e)
+
+
+def run_batched(
+    requests: list[Any],
+    prepare: Callable[[Any], P],
+    key: Callable[[P], Any],
+    run_group: Callable[[list[P]], list[ToolResult]],
+    single: Callable[[Any], ToolResult],
+    what: str,
+) -> list[ToolResult]:
+    """Results for `requests`, in order, running compatible requests together.
+
+    `prepare` validates and preprocesses one request (an error fails that request only); `key`
+    says which prepared requests can share one model call (same tensor shapes, same sampling
+    settings); `run_group` runs one such group and returns one result per member. If a group's
+    model call raises (out of memory, a bad input the checks missed), its members are retried one
+    by one with `single`, the per-request path, so only the culprit fails.
+    """
+    results: list[ToolResult | None] = [None] * len(requests)
+    groups: dict[Any, list[tuple[int, P]]] = {}
+    for i, req in enumerate(requests):
+        try:
+            prepared = prepare(req)
+        except Exception as e:
+            results[i] = item_failure(req, e)
+            continue
+        groups.setdefault(key(prepared), []).append((i, prepared))
+    for members in groups.values():
+        idx = [i for i, _ in members]
+        try:
+            out = run_group([p for _, p in members])
+            if len(out) != len(members):
+                raise RuntimeError(f"{what}: a batch of {len(members)} returned {len(out)} results")
+        except Exception:
+            log.exception("%s: a batch of %d failed; retrying its requests one by one", what, len(members))
+            out = [call_one(single, requests[i]) for i in idx]
+        for i, r in zip(idx, out):
+            results[i] = r
+    log.debug("%s: %d requests in %d model calls", what, len(requests), len(groups))
+    return results  # type: ignore[return-value]  (every index is filled above)

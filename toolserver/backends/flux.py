@@ -29,6 +29,7 @@ from toolserver.backends._base import (
     require,
     resolve_device,
     resolve_dtype,
+    run_batched,
     shared,
     tiny_meta,
     to_rgb,
@@ -170,23 +171,67 @@ class FluxBackend:
     def __call__(self, request: ToolRequest) -> ToolResult:
         if request.tool == "ImageGeneration":
             prompt = str(request.args["prompt"])
-            image = self.generate(prompt)
-            text = f"Generated image for prompt: {prompt}"
-        elif request.tool == "ImageEdit":
+            return self._generated(prompt, self.generate(prompt))
+        if request.tool == "ImageEdit":
             prompt = str(request.args["edit_prompt"])
             image = self.edit(request.images["image"], prompt, request.images.get("masked_image"))
-            text = f"Edited image with instruction: {prompt}"
-        else:
-            raise ToolError("wrong_backend", f"the flux2-klein backend serves ImageGeneration and ImageEdit, not {request.tool}")
+            return self._result(image, f"Edited image with instruction: {prompt}", request.images.get("masked_image") is not None)
+        raise ToolError("wrong_backend", f"the flux2-klein backend serves ImageGeneration and ImageEdit, not {request.tool}")
+
+    def _generated(self, prompt: str, image: Image.Image) -> ToolResult:
+        return self._result(image, f"Generated image for prompt: {prompt}", False)
+
+    def _result(self, image: Image.Image, text: str, masked: bool) -> ToolResult:
         result = ToolResult(
             ok=True,
             text=text,
             kind=OutputKind.IMAGE,
             image=image.convert("RGB"),
-            data={"size": list(image.size), "masked": request.images.get("masked_image") is not None},
+            data={"size": list(image.size), "masked": masked},
             backend=self.name,
         )
         return mark_plumbing(result, self.plumbing_only)
+
+    # ------------------------------------------------------------------------------ batching
+    def generate_batch(self, prompts: list[str]) -> list[Image.Image]:
+        """One pipeline call for several prompts, at the configured size and steps.
+
+        With a fixed seed each prompt gets its own generator seeded alike, so every image starts
+        from the same noise as a single call would; one shared generator would hand the second
+        prompt different noise than it gets alone.
+        """
+        pipes = self._pipes.get()
+        p = self.params
+        kwargs = self._common()
+        if self.params.seed is not None:
+            kwargs["generator"] = [self._generator() for _ in prompts]
+        with pipes.lock:
+            return list(pipes.base(prompt=prompts, width=p.width, height=p.height, **kwargs).images)
+
+    def _prepare(self, request: ToolRequest) -> tuple[str, ToolRequest]:
+        if request.tool == "ImageGeneration":
+            return str(request.args["prompt"]), request
+        if request.tool == "ImageEdit":
+            return "", request
+        raise ToolError("wrong_backend", f"the flux2-klein backend serves ImageGeneration and ImageEdit, not {request.tool}")
+
+    def _key(self, prepared: tuple[str, ToolRequest]) -> Any:
+        # Generation takes its size, steps and guidance from the backend's params, so every
+        # generation request is compatible with every other. Edits are not batched: the klein
+        # pipeline reads a list of images as several references for one prompt, not as one
+        # image per prompt, and the inpaint pipeline's per-image masks and working sizes differ.
+        _, request = prepared
+        return "generate" if request.tool == "ImageGeneration" else ("edit", id(request))
+
+    def _run_group(self, group: list[tuple[str, ToolRequest]]) -> list[ToolResult]:
+        if group[0][1].tool != "ImageGeneration":
+            return [self(request) for _, request in group]  # an edit, alone in its group
+        prompts = [prompt for prompt, _ in group]
+        return [self._generated(prompt, image) for prompt, image in zip(prompts, self.generate_batch(prompts))]
+
+    def batch_call(self, requests: list[ToolRequest]) -> list[ToolResult]:
+        """Generation requests in one pipeline call; edits one by one (see `_key`)."""
+        return run_batched(requests, self._prepare, self._key, self._run_group, self, self.name)
 
 
 def flux2_klein(**params: Any) -> FluxBackend:

