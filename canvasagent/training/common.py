@@ -67,9 +67,17 @@ def toolbox_factory(cfg: TrainConfig) -> Callable[[], Any]:
 def workspace(cfg: TrainConfig, build_model: bool = True) -> Workspace:
     from canvasagent.training.env import make_env_class, tool_functions
 
-    factory = toolbox_factory(cfg)
     max_turns = cfg.grpo.max_turns
-    env_cls = make_env_class(cfg.tools.names or None, factory, max_turns, cfg.tools.family)
+    if cfg.data.format == "easel":
+        # EASEL episodes act on a canvas session, not the toolbox; the env class also carries the
+        # reward weights so make_scorer picks the EASEL scorer (S as the outcome).
+        from canvasagent.training.easel_env import make_easel_env_class
+
+        env_cls = make_easel_env_class(max_turns, cfg.easel.reward_weights)
+        factory = env_cls._toolbox_factory
+    else:
+        factory = toolbox_factory(cfg)
+        env_cls = make_env_class(cfg.tools.names or None, factory, max_turns, cfg.tools.family)
     return Workspace(
         cfg=cfg,
         output_dir=output_dir(cfg),

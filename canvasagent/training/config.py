@@ -29,6 +29,7 @@ class DataSection:
     # scripted: rows made here by running the core loop on templated pure-tool chains.
     # canvascraft: HF parquet written by `python -m canvascraft build-sft|build-rl`.
     # sharegpt / rl-json: the public formats, read through canvascraft's readers.
+    # easel: EASEL tasks made here (canvasagent/easel/tasks.py), settings in the `easel` section.
     format: str = "scripted"
     path: str | None = None
     n_train: int = 64  # scripted only
@@ -92,6 +93,21 @@ class GRPOSection:
 
 
 @dataclass
+class EaselSection:
+    """`data.format: easel`: EASEL tasks as the GRPO task source, S as the outcome reward."""
+
+    categories: list[str] = field(default_factory=lambda: ["programmatic", "spatial", "abstract", "natural"])
+    n_per_category: int = 4
+    seed: int = 0  # task seeds are seed * 1000 + i, as in the reconstruction bench
+    resolution: int | None = None  # canvas side; None = the category's (Table 1: 64 or 128)
+    budget: int | None = None  # steps per episode; None = the category's (32-128)
+    semantic: list[str] = field(default_factory=list)  # semantic task names (canvasagent.easel.semantic.TASK_NAMES)
+    # Component -> weight of the GRPO reward: easel_s (final S; semantic tasks: their score),
+    # format / action (the rule reward's R_format / R_action), rule (R_rule with its penalties).
+    reward_weights: dict[str, float] = field(default_factory=lambda: {"easel_s": 1.0, "format": 0.1, "action": 0.1})
+
+
+@dataclass
 class RunSection:
     output_dir: str = "runs/train"
     seed: int = 0
@@ -116,6 +132,7 @@ class TrainConfig:
     lora: LoraSection = field(default_factory=LoraSection)
     optim: OptimSection = field(default_factory=OptimSection)
     grpo: GRPOSection = field(default_factory=GRPOSection)
+    easel: EaselSection = field(default_factory=EaselSection)
     run: RunSection = field(default_factory=RunSection)
     max_length: int | None = None  # SFT truncation (None: never truncate; a cut image breaks the sample)
     trl_args: dict[str, Any] = field(default_factory=dict)  # any other SFTConfig/GRPOConfig field
@@ -132,9 +149,11 @@ class TrainConfig:
     def validate(self) -> None:
         if self.kind not in ("sft", "grpo"):
             raise ValueError(f"kind must be sft or grpo, got {self.kind!r}")
-        if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json"):
+        if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json", "easel"):
             raise ValueError(f"unknown data.format {self.data.format!r}")
-        if self.data.format != "scripted" and not self.data.path:
+        if self.data.format == "easel":
+            self._validate_easel()
+        elif self.data.format != "scripted" and not self.data.path:
             raise ValueError(f"data.format={self.data.format} needs data.path")
         if self.kind == "grpo":
             g = self.grpo
@@ -147,6 +166,26 @@ class TrainConfig:
                 )
             if g.max_turns < 1:
                 raise ValueError("grpo.max_turns must be >= 1")
+
+    def _validate_easel(self) -> None:
+        from canvasagent.easel.semantic import TASK_NAMES
+        from canvasagent.easel.tasks import CATEGORIES
+
+        from canvasagent.training.easel_env import EASEL_COMPONENTS
+
+        e = self.easel
+        if self.kind != "grpo":
+            raise ValueError("data.format=easel is a GRPO task source (SFT data: `canvasagent easel data`)")
+        if self.tools.family != "easel":
+            raise ValueError("data.format=easel needs tools.family: easel")
+        bad = [c for c in e.categories if c not in CATEGORIES] + [n for n in e.semantic if n not in TASK_NAMES]
+        if bad:
+            raise ValueError(f"easel: unknown categories/semantic tasks {bad}; choose from {list(CATEGORIES)} / {list(TASK_NAMES)}")
+        unknown = sorted(set(e.reward_weights) - set(EASEL_COMPONENTS))
+        if unknown:
+            raise ValueError(f"easel.reward_weights: unknown components {unknown}; choose from {list(EASEL_COMPONENTS)}")
+        if (e.resolution is not None and e.resolution < 16) or (e.budget is not None and e.budget < 1):
+            raise ValueError("easel.resolution must be >= 16 and easel.budget >= 1")
 
     def resolve(self, path: str | None) -> Path | None:
         """Config paths are relative to the repository root (configs travel with the code)."""

@@ -53,6 +53,10 @@ def eval_tasks(cfg: TrainConfig, n: int, seed: int, toolbox: Any) -> list[Task]:
 
 
 def grpo_rows(cfg: TrainConfig, toolbox_factory: Callable[[], Any]) -> list[dict[str, Any]]:
+    if cfg.data.format == "easel":
+        from canvasagent.training import easel_env
+
+        return easel_env.grpo_rows(cfg.easel)
     if cfg.data.format == "scripted":
         from canvasagent.training.scripted import attach_reference
 

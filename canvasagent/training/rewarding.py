@@ -39,7 +39,15 @@ class HybridScorer:
 
 
 def make_scorer(preset: str = "paper", judge: str = "offline", toolbox: Any = None) -> HybridScorer:
-    """The hybrid reward of a preset (configs/reward/<preset>.yaml) with the given judge kind."""
+    """The hybrid reward of a preset (configs/reward/<preset>.yaml) with the given judge kind.
+
+    An EASEL env's toolbox (data.format: easel) selects the EASEL scorer instead: the final
+    canvas's S plus the preset's rule terms, weighted by `easel.reward_weights`.
+    """
+    from canvasagent.training.easel_env import easel_scorer, is_easel_toolbox
+
+    if is_easel_toolbox(toolbox):
+        return easel_scorer(toolbox.reward_weights, preset)
     from rewards.hybrid import HybridReward
 
     # judge_unweighted=False: training skips judges whose weight is 0 (an ablation preset).

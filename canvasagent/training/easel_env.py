@@ -1,0 +1,223 @@
+"""EASEL as a GRPO task source: rows, a TRL environment over the bench's canvas, S as the reward.
+
+`data.format: easel` turns EASEL tasks (`canvasagent.easel.tasks`: the four reconstruction
+categories, optionally the semantic tasks) into GRPO rows in `data.grpo_row`'s layout: the prompt,
+the images (`img_1` the reference, `img_2` the blank canvas; semantic tasks: `img_1` the canvas)
+and the task JSON, whose `meta.easel` holds the spec `reset` rebuilds the EASEL task from.
+
+`EaselEnv` is a `CanvasEnv` whose tool methods are generated from the registry's `easel` family
+(`brush_stroke`/`undo`/`submit`), and whose episode runs them as `stateful` handlers over a
+`CanvasSession` (`canvasagent.easel.agent.CanvasTools`), exactly as `canvasagent easel bench
+--policy agent:...` does: same budget, undo and submit semantics, same rejection of invalid
+strokes (an observation that costs a step, not an exception). Every tool result carries the
+current canvas image and the text reply.
+
+The reward is scored from the finished episode: `easel_s` is the final canvas's S against the
+reference (`canvasagent.easel.metrics.similarity`; semantic tasks: the task's own score), next to
+the rule reward's format and action-validity terms (`rewards.rule.score_rule`, preset from
+`grpo.reward_preset`). Weights come from `easel.reward_weights` in the YAML.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from functools import lru_cache
+from typing import Any
+
+from PIL import Image
+
+from canvasagent.episode import Episode
+from canvasagent.training.env import CanvasEnv, make_env_class, task_from_row
+
+log = logging.getLogger(__name__)
+
+# Reward components an EASEL run can weight (easel.reward_weights keys).
+EASEL_COMPONENTS = ("easel_s", "format", "action", "rule")
+
+
+# -- tasks and rows --------------------------------------------------------------------------------
+
+
+def task_specs(easel_cfg: Any) -> list[dict[str, Any]]:
+    """The JSON specs of the configured tasks (one per row), in category order."""
+    from canvasagent.easel import tasks
+
+    specs: list[dict[str, Any]] = []
+    for cat in easel_cfg.categories:
+        c = tasks.CATEGORIES[cat]
+        for i in range(easel_cfg.n_per_category):
+            specs.append({
+                "kind": "reconstruction", "category": cat, "seed": easel_cfg.seed * 1000 + i,
+                "resolution": easel_cfg.resolution or c.resolution, "budget": easel_cfg.budget or c.budget,
+            })
+    for name in easel_cfg.semantic:
+        spec: dict[str, Any] = {"kind": "semantic", "name": name, "seed": easel_cfg.seed}
+        if easel_cfg.budget:
+            spec["budget"] = easel_cfg.budget
+        specs.append(spec)
+    return specs
+
+
+@lru_cache(maxsize=256)
+def _easel_task(spec_json: str) -> Any:
+    from canvasagent.easel import semantic, tasks
+
+    spec = json.loads(spec_json)
+    if spec["kind"] == "semantic":
+        return semantic.make_task(spec["name"], int(spec["seed"]))
+    cat, seed, res = spec["category"], int(spec["seed"]), int(spec["resolution"])
+    if res == tasks.CATEGORIES[cat].resolution:
+        return tasks.make_reconstruction(cat, seed)  # the bench's task, bit for bit
+    # A smaller canvas (cheap CPU runs): the same generator drawn at that size. tasks.py keeps
+    # its generators in one table; we read it rather than keep a second category -> maker list.
+    ref = tasks._MAKERS[cat](seed, res)
+    return tasks.ReconstructionTask(f"{cat}-{seed:04d}-{res}px", cat, ref.clip(0, 1).astype("float32"), int(spec["budget"]))
+
+
+def easel_task(spec: dict[str, Any]) -> Any:
+    """The EASEL task of a spec (cached: TRL resets one env per generation of the same row)."""
+    return _easel_task(json.dumps(spec, sort_keys=True))
+
+
+def budget_of(spec: dict[str, Any], task: Any) -> int:
+    return int(spec.get("budget") or task.budget)
+
+
+def agent_task_of(spec: dict[str, Any]):
+    """The episode's `canvasagent.tasks.Task`, as the bench's agent runner builds it."""
+    from canvasagent.easel import agent
+
+    task = easel_task(spec)
+    budget = budget_of(spec, task)
+    tid = agent.task_id_of(task, int(spec.get("seed", 0)))
+    t = agent.agent_task(task, budget, tid)
+    t.meta["easel"] = {**t.meta["easel"], **spec, "budget": budget}
+    return t
+
+
+def grpo_rows(easel_cfg: Any) -> list[dict[str, Any]]:
+    from canvasagent.training.data import grpo_row
+
+    rows = [grpo_row(agent_task_of(s)) for s in task_specs(easel_cfg)]
+    if not rows:
+        raise ValueError("easel: no tasks (empty categories and semantic, or n_per_category 0)")
+    return rows
+
+
+# -- environment -------------------------------------------------------------------------------------
+
+
+class EaselToolbox:
+    """The toolbox of an EASEL env: no model or pure tools (as the bench's `NoToolbox`), plus the
+    reward settings, so `rewarding.make_scorer` builds the EASEL scorer for this env."""
+
+    def __init__(self, reward_weights: dict[str, float]):
+        from canvasagent.easel.agent import NoToolbox
+
+        self._inner = NoToolbox()
+        self.reward_weights = dict(reward_weights)
+
+    def call(self, request: Any) -> Any:
+        return self._inner.call(request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class EaselEnv(CanvasEnv):
+    """One EASEL rollout: `reset(**row)` opens a canvas session; tool methods come from the registry."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.easel_task: Any = None
+        self.session: Any = None
+
+    def reset(self, **row: Any) -> None:
+        from canvasagent.easel.agent import CanvasTools
+        from canvasagent.easel.canvas import CanvasSession
+
+        task = task_from_row(row)
+        spec = task.meta["easel"]
+        self.easel_task = easel_task(spec)
+        self.session = CanvasSession.for_task(self.easel_task)
+        self.session.budget = int(spec["budget"])
+        self.episode = Episode(self.toolbox(), self.episode_config, stateful=CanvasTools(self.session).handlers())
+        self.episode.reset(task)
+        self._trajectory = None
+        self.scores = None
+        return None  # the prompt already holds the reference and the canvas
+
+    def _call(self, name: str, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+        ep = self.episode
+        assert ep is not None, "reset() first"
+        if ep.done:
+            text = f"Error: the episode has ended ({ep.trajectory.stop_reason}); the canvas is final."
+        else:
+            res = ep.call_tool(name, arguments)
+            text = "".join(p.get("text", "") for p in (res.observation or {}).get("content") or [] if p.get("type") == "text")
+        # Always the canvas, also after a rejected stroke or an undo: the policy paints from what
+        # it sees, and a turn whose tool results are all text trips TRL's rope-index bug (#6274).
+        return [{"type": "image", "image": self._state_image()}, {"type": "text", "text": text}]
+
+    def _state_image(self) -> Image.Image:
+        from canvasagent.easel.agent import to_pil
+
+        return to_pil(self.session.canvas)
+
+    def outcome(self) -> dict[str, Any]:
+        """The final canvas's scores (what the `easel_s` reward reads)."""
+        sess, task = self.session, self.easel_task
+        out: dict[str, Any] = {
+            "kind": "reconstruction" if getattr(task, "reference", None) is not None else "semantic",
+            "steps_used": sess.steps_used, "budget": sess.budget, "submitted": sess.submitted,
+            "strokes": len(sess.strokes), "s_curve": [float(v) for v in sess.s_curve],
+        }
+        if out["kind"] == "reconstruction":
+            sim = sess.similarity()
+            out.update(score=sim.s, s=sim.s, ssim=sim.ssim, l1=sim.l1, edge_iou=sim.edge_iou)
+        else:
+            out["score"] = float(task.score(sess.canvas))
+        return out
+
+    def _finalize(self, completion: list[dict[str, Any]]):
+        fresh = self._trajectory is None
+        traj = super()._finalize(completion)
+        if fresh:  # after the final reply was stepped through: the canvas is final now
+            traj.meta["easel"] = self.outcome()
+        return traj
+
+
+def make_easel_env_class(max_turns: int, reward_weights: dict[str, float]) -> type[EaselEnv]:
+    """`EaselEnv` with the registry's easel tool methods (generated by `env.make_env_class`)."""
+    tools = make_env_class(None, lambda: EaselToolbox(reward_weights), max_turns, "easel")
+    return type("EaselToolEnv", (EaselEnv, tools), {})
+
+
+# -- reward -------------------------------------------------------------------------------------------
+
+
+def easel_scorer(reward_weights: dict[str, float], preset: str = "paper"):
+    """`easel_s` (outcome) + the rule reward's format / action / total terms, as a HybridScorer."""
+    from rewards.config import load_reward_config
+    from rewards.rule import score_rule
+
+    from canvasagent.training.rewarding import HybridScorer
+
+    rule_cfg = load_reward_config(preset).rule
+
+    def score(traj: Any) -> dict[str, float]:
+        e = traj.meta.get("easel")
+        if e is None:  # never finished through EaselEnv: no canvas to score
+            log.warning("trajectory %s has no EASEL outcome; easel_s = 0", traj.task.id)
+            e = {}
+        rule = score_rule(traj, rule_cfg)
+        return {"easel_s": float(e.get("score", 0.0)), "format": rule.r_format, "action": rule.r_action, "rule": rule.r_rule}
+
+    weights = {k: float(reward_weights.get(k, 0.0)) for k in EASEL_COMPONENTS}
+    return HybridScorer(weights, score, f"easel+rule:{preset}")
+
+
+def is_easel_toolbox(toolbox: Any) -> bool:
+    return isinstance(toolbox, EaselToolbox)
+
