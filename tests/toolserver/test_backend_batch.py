@@ -262,10 +262,35 @@ def test_realesrgan_batch_matches_single_calls(monkeypatch, tmp_path, pre_pad):
 # ------------------------------------------------------------------------------- Ray Serve
 
 
+class _BatchSpy:
+    """The tiny Grounding backend, noting in each result how many requests its batch held, so
+    the served test can see that Serve really grouped the concurrent calls."""
+
+    plumbing_only = True
+
+    def __init__(self, **params):
+        self.backend = build_backend("grounding-tiny", params)
+
+    def __call__(self, request):
+        result = self.backend(request)
+        result.data["served_batch"] = 1
+        return result
+
+    def batch_call(self, requests):
+        results = self.backend.batch_call(requests)
+        for r in results:
+            r.data["served_batch"] = len(requests)
+        return results
+
+
+def batch_spy(**params) -> _BatchSpy:
+    return _BatchSpy(**params)
+
+
 @pytest.mark.ray
-def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding):
+def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding, monkeypatch):
     """The app builder with max_batch_size > 1 and a backend that has batch_call: concurrent
-    callers each get the answer a single local call gives."""
+    callers are served in batches and each gets the answer a single local call gives."""
     from concurrent.futures import ThreadPoolExecutor
 
     ray = pytest.importorskip("ray")
@@ -275,6 +300,9 @@ def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding):
     from toolserver.serve_app import deploy
     from toolserver.serve_config import ServeConfig
 
+    # The replica imports the spy from this module by name; Ray's workers inherit PYTHONPATH.
+    root = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     params = {"cache_dir": str(tiny_dir), "box_threshold": 0.0, "text_threshold": 0.0, "max_detections": 5}
     cfg = ServeConfig.from_dict(
         {
@@ -282,10 +310,18 @@ def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding):
             "pure_mode": "caller",  # no pure-tool deployments: only Grounding and the ingress start
             "http": {"enabled": False, "ray_actor_options": {"num_cpus": 0.05}},
             "defaults": {"ray_actor_options": {"num_cpus": 0.05}},
-            "tools": {"Grounding": {"backend": "grounding-tiny", "params": params, "max_batch_size": 4, "batch_wait_timeout_s": 0.5}},
+            "tools": {
+                "Grounding": {
+                    "backend": f"{__name__}:batch_spy",
+                    "params": params,
+                    "max_batch_size": 4,
+                    "batch_wait_timeout_s": 0.5,
+                }
+            },
         }
     )
-    reqs = [_req("Grounding", image=_drawing(96, 64, i), reference_text=t) for i, t in enumerate(["red ball", "sky", "a cat . a dog", "car"])]
+    texts = ["red ball", "sky", "a cat . a dog", "car", "green tree", "text"]
+    reqs = [_req("Grounding", image=_drawing(96, 64, i), reference_text=t) for i, t in enumerate(texts)]
     expected = [grounding(r) for r in reqs]
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
@@ -294,12 +330,15 @@ def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding):
         assert handle.describe.remote().result()["batched"] is True
         box = RayToolbox(app_name=cfg.app_name)
         try:
-            with ThreadPoolExecutor(4) as pool:
+            box.call(reqs[0])  # loads the model, so the timed calls below arrive together
+            with ThreadPoolExecutor(len(reqs)) as pool:
                 got = list(pool.map(box.call, reqs))
         finally:
             box.close()
     finally:
         serve.shutdown()
         ray.shutdown()
+    assert all(g.ok and g.plumbing_only for g in got), got
+    assert max(g.data["served_batch"] for g in got) > 1
     for e, g in zip(expected, got):
-        assert g.ok and g.plumbing_only and g.data["boxes"] == e.data["boxes"] and g.data["phrases"] == e.data["phrases"]
+        assert g.data["boxes"] == e.data["boxes"] and g.data["phrases"] == e.data["phrases"]
