@@ -32,7 +32,7 @@ from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
 from toolserver.serve_config import Mode, ServeConfig, check_bind, ray_actor_options, unconfigured_result
 from toolserver.toolbox import LocalToolbox
-from toolserver.wire import SHM_UNAVAILABLE, ShmMissing, ShmPool, WireRequest, WireResult, shm_available
+from toolserver.wire import SHM_UNAVAILABLE, ShmMissing, ShmPool, WireRequest, WireResult, keep_pillow_blocks, shm_available
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class ToolDeployment:
     ):
         self.tools = frozenset(tools)
         self.tool = tools[0] if len(tools) == 1 else "+".join(tools)
+        keep_pillow_blocks()  # a replica process is ours; see the function for what it saves
         fn = None
         if any(REGISTRY[t].backend is Backend.MODEL for t in tools):
             if len(tools) != 1 or not backend:
@@ -207,6 +208,7 @@ class Ingress:
         if self.cfg.http.enabled and auth_digest is None:
             check_bind(self.cfg.http, None)
         self.local = LocalToolbox(max_output_pixels=self.cfg.max_pixels)
+        keep_pillow_blocks()  # it decodes HTTP images and runs caller-mode tools
         self.shm = ShmPool() if shm_available() else None
         self.shm_off: set[str] = set()  # deployments with a replica on another host
         self.codec_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="codec")
