@@ -154,3 +154,19 @@ def test_easel_config_validation(tmp_path):
     assert meta["budget"] == tasks.CATEGORIES["programmatic"].budget and rows[0]["images"][0].size == (64, 64)
     ref = tasks.make_reconstruction("programmatic", meta["seed"]).reference
     assert np.array_equal(easel_env.easel_task(meta).reference, ref)
+
+
+def test_semantic_rows_reward_the_task_score(tmp_path):
+    cfg = TrainConfig.load("grpo_easel_tiny_cpu", {"run.output_dir": str(tmp_path), "easel.categories": [],
+                                                   "easel.semantic": ["circle_outline"]})
+    ws = workspace(cfg, build_model=False)
+    [row] = grpo_rows(cfg, ws.toolbox_factory)
+    env = ws.env_cls()
+    env.reset(**row)
+    env.brush_stroke(**STROKE)  # appearance arguments are required by the registry, ignored here
+    env.submit()
+    rewards = TRLRewards(make_scorer(cfg.grpo.reward_preset, cfg.grpo.judge, ws.env_cls.toolbox()))
+    completion = [{"role": "assistant", "content": [{"type": "text", "text": "<reason>Done.</reason>"}]}]
+    s = rewards.functions()[0](completions=[completion], environments=[env])[0]
+    assert env.session.budget == 4 and env.session.history[0].ok
+    assert s == pytest.approx(env.easel_task.score(env.session.canvas)) and 0.0 < s < 1.0
