@@ -52,7 +52,8 @@ def grpo_args(cfg: TrainConfig, reward_weights: list[float], with_deepspeed: boo
 
 
 def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
-    from trl import GRPOTrainer
+    # Not TRL's GRPOTrainer: a sampled vision placeholder token crashes it (issue #5, trl_multimodal).
+    from canvasagent.training.trl_multimodal import CanvasGRPOTrainer
 
     ws = workspace(cfg)
     model, processor = load_model_and_processor(ws, padding_side="left")
@@ -60,7 +61,7 @@ def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
     dumper = TrajectoryDumper(ws.output_dir / "trajectories", cfg.run.dump_every)
     rewards = TRLRewards(scorer, on_scored=dumper)
     log.info("GRPO reward: %s, components %s, weights %s", scorer.source, rewards.names, rewards.weights())
-    trainer = GRPOTrainer(
+    trainer = CanvasGRPOTrainer(
         model=model,
         reward_funcs=rewards.functions(),
         args=grpo_args(cfg, rewards.weights()),
