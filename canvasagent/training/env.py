@@ -104,9 +104,11 @@ class CanvasEnv:
     _toolbox_factory: Callable[[], Any] | None = None
     _toolbox: Any = None  # one per process: the local toolbox is stateless, remote ones are clients
     # Opt-in: text-only observations (errors, OCR, an ended episode) also carry the latest asset
-    # image. Meant to avoid TRL #6274 (a rope-index crash when a whole turn got text-only tool
-    # results), but on the tiny pipeline it triggered the same crash in the loss forward at
-    # GRPO step 38, while the text-only default ran clean; so it stays off by default.
+    # image. Off by default because SFT and evaluation render text-only observations without an
+    # image (training/messages.py), so on it GRPO would train on a layout the policy never meets
+    # at inference, and it spends image tokens of the completion budget on every failed call.
+    # (It was added against a rope-index crash; that crash was a sampled <|video_pad|>, fixed in
+    # trl_multimodal.CanvasGRPOTrainer, and both settings now train: tests/training/test_grpo_multimodal.py.)
     image_in_every_observation: bool = False
 
     def __init__(self) -> None:
