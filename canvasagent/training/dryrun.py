@@ -9,6 +9,7 @@ config/processor load when they are in the local cache (skipped, and said so, wh
 from __future__ import annotations
 
 import logging
+import json
 from typing import Any
 
 from canvasagent.training.common import validate_launcher, workspace
@@ -43,7 +44,10 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
         from canvasagent.training.grpo import grpo_args
         from canvasagent.training.rewarding import TRLRewards, make_scorer
 
-        scorer = make_scorer(cfg.grpo.reward_preset, cfg.grpo.judge, None)  # never connect to a remote toolbox here
+        # Never connect to a remote toolbox here; the EASEL toolbox is an in-process canvas and
+        # selects the EASEL scorer (S plus rule terms), so the dry run reports what training logs.
+        toolbox = ws.env_cls.toolbox() if cfg.data.format == "easel" else None
+        scorer = make_scorer(cfg.grpo.reward_preset, cfg.grpo.judge, toolbox)
         rewards = TRLRewards(scorer)
         report["reward"] = {"source": scorer.source, "components": rewards.names, "weights": rewards.weights()}
         args = grpo_args(cfg, rewards.weights(), with_deepspeed=False)
@@ -63,6 +67,11 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
 
         tasks = scripted_tasks(cfg, n=2)
         report["data"] = {"format": "scripted", "example": grpo_row(tasks[0][0])["prompt"][1]["content"][-1]["text"]}
+    elif cfg.data.format == "easel":
+        from canvasagent.training.data import grpo_rows
+
+        rows = grpo_rows(cfg, ws.toolbox_factory)  # procedural references: cheap, and proves the spec is valid
+        report["data"] = {"format": "easel", "rows": len(rows), "example": json.loads(rows[0]["task"]).get("instruction") if rows else None}
     else:
         p = cfg.resolve(cfg.data.path)
         report["data"] = {"format": cfg.data.format, "path": str(p), "exists": bool(p and p.exists())}

@@ -21,7 +21,12 @@ def test_config_dry_run(name, tmp_path):
     if "qwen3vl_8b" in name:
         assert report["launcher"]["accelerate"]["num_processes"] == 6
         assert report["launcher"]["deepspeed"]["zero_stage"] in (2, 3)
-    if cfg.kind == "grpo":
+    if cfg.kind == "grpo" and cfg.data.format == "easel":
+        # The dry run reports the scorer training logs: S of the final canvas plus rule terms.
+        assert report["reward"]["components"][0] == "easel_s" and report["data"]["rows"] > 0
+        assert dict(zip(report["reward"]["components"], report["reward"]["weights"])) == {
+            **{k: 0.0 for k in report["reward"]["components"]}, **cfg.easel.reward_weights}
+    elif cfg.kind == "grpo":
         assert sum(report["reward"]["weights"]) == pytest.approx(1.0)
 
 
