@@ -29,6 +29,7 @@ class DataSection:
     # scripted: rows made here by running the core loop on templated pure-tool chains.
     # canvascraft: HF parquet written by `python -m canvascraft build-sft|build-rl`.
     # sharegpt / rl-json: the public formats, read through canvascraft's readers.
+    # mixed: scripted tasks (n_train, seed, ...) plus the CanvasCraft build at `path` (the main job).
     # easel: EASEL tasks made here (canvasagent/easel/tasks.py), settings in the `easel` section.
     format: str = "scripted"
     path: str | None = None
@@ -149,7 +150,7 @@ class TrainConfig:
     def validate(self) -> None:
         if self.kind not in ("sft", "grpo"):
             raise ValueError(f"kind must be sft or grpo, got {self.kind!r}")
-        if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json", "easel"):
+        if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json", "mixed", "easel"):
             raise ValueError(f"unknown data.format {self.data.format!r}")
         if self.data.format == "easel":
             self._validate_easel()

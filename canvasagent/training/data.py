@@ -20,6 +20,18 @@ def scripted_tasks(cfg: TrainConfig, n: int | None = None, seed: int | None = No
     return make_tasks(n if n is not None else d.n_train, d.seed if seed is None else seed, d.max_steps_per_task, d.image_size)
 
 
+# `mixed`: the scripted tasks (data.n_train, data.seed, ...) plus the CanvasCraft build at data.path.
+MIXED_SOURCES = ("scripted", "canvascraft")
+
+
+def source_config(cfg: TrainConfig, fmt: str) -> TrainConfig:
+    """One source of a `mixed` set: the same config, reading only that source, so each source
+    keeps its own loader instead of a second copy of it here."""
+    from dataclasses import replace
+
+    return replace(cfg, data=replace(cfg.data, format=fmt))
+
+
 def grpo_row(task: Task) -> dict[str, Any]:
     """A GRPO row: the prompt (TRL adds the tool block), the input images, the task for `reset`.
 
@@ -37,6 +49,8 @@ def grpo_row(task: Task) -> dict[str, Any]:
 
 
 def sft_rows(cfg: TrainConfig, system: str, toolbox_factory: Callable[[], Any]) -> list[dict[str, Any]]:
+    if cfg.data.format == "mixed":
+        return [r for fmt in MIXED_SOURCES for r in sft_rows(source_config(cfg, fmt), system, toolbox_factory)]
     if cfg.data.format == "scripted":
         from canvasagent.training.scripted import run_reference
 
@@ -53,6 +67,8 @@ def eval_tasks(cfg: TrainConfig, n: int, seed: int, toolbox: Any) -> list[Task]:
 
 
 def grpo_rows(cfg: TrainConfig, toolbox_factory: Callable[[], Any]) -> list[dict[str, Any]]:
+    if cfg.data.format == "mixed":
+        return [r for fmt in MIXED_SOURCES for r in grpo_rows(source_config(cfg, fmt), toolbox_factory)]
     if cfg.data.format == "easel":
         from canvasagent.training import easel_env
 
