@@ -12,7 +12,7 @@ import threading
 from typing import Sequence
 
 from canvasagent.config import find_config, load_yaml
-from toolserver.serve_config import ServeConfig, ServeConfigError, check_bind, check_placement
+from toolserver.serve_config import ServeConfig, ServeConfigError, check_bind, check_placement, missing_node_resources, node_resources
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -45,17 +45,31 @@ def _serve(args: argparse.Namespace) -> int:
 
     from toolserver.serve_app import deploy
 
+    if cfg.placement == "nodes" and args.address is None:
+        print("error: placement: nodes needs a cluster of one Ray node per tool GPU (--address); see docs/serving.md", file=sys.stderr)
+        return 1
     # Joining an existing cluster (`ray start`) lets the server outlive this process with --detach.
+    init: dict = {}
+    if args.address is None and cfg.placement == "slots":
+        # Our own node owns the tool GPUs: it declares one resource per GPU, and no Ray GPUs, so
+        # nothing else scheduled here is handed a device the tools already use.
+        init = {"resources": node_resources(cfg), "num_gpus": 0}
     try:
-        ray.init(address=args.address, include_dashboard=False if args.address is None else None, log_to_driver=True)
+        ray.init(address=args.address, include_dashboard=False if args.address is None else None, log_to_driver=True, **init)
     except ConnectionError as e:
         print(f"error: no Ray cluster at {args.address!r} ({e}); start one with `ray start --head` or omit --address", file=sys.stderr)
+        return 1
+    missing = missing_node_resources(cfg, ray.cluster_resources())
+    if missing:
+        # Replicas asking for a resource no node has would wait forever instead of failing.
+        print(f"error: placement: {cfg.placement} needs node resources the cluster lacks: {', '.join(missing)}; see docs/serving.md", file=sys.stderr)
         return 1
     ingress = deploy(cfg, token)
     described = ingress.describe.remote().result(timeout_s=120)
     for tool, d in sorted(described.items()):
         flag = "  WARNING: random weights, plumbing only" if d["plumbing_only"] else ""
-        print(f"  {tool:16s} {','.join(d['tools'])} backend={d['backend']}{' batched' if d['batched'] else ''}{flag}")
+        device = f" CUDA_VISIBLE_DEVICES={d['cuda_visible_devices']}" if d.get("cuda_visible_devices") is not None else ""
+        print(f"  {tool:16s} {','.join(d['tools'])} backend={d['backend']}{' batched' if d['batched'] else ''}{device}{flag}")
     if cfg.http.enabled:
         print(f"serving {cfg.app_name!r} on http://{cfg.http.host}:{cfg.http.port}  (health: /healthz, tools: /v1/tools)")
     else:

@@ -13,6 +13,7 @@ import hmac
 import importlib
 import json
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -30,7 +31,7 @@ from toolserver.backends import BACKEND_FACTORIES, build_backend
 from toolserver.registry import REGISTRY, Backend
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
-from toolserver.serve_config import Mode, ServeConfig, check_bind, ray_actor_options, unconfigured_result
+from toolserver.serve_config import Mode, ServeConfig, check_bind, ray_actor_options, tool_gpu_device, unconfigured_result
 from toolserver.toolbox import LocalToolbox
 from toolserver.wire import SHM_UNAVAILABLE, ShmMissing, ShmPool, WireRequest, WireResult, keep_pillow_blocks, shm_available
 
@@ -65,8 +66,19 @@ class ToolDeployment:
     """
 
     def __init__(
-        self, tools: list[str], backend: str | None, params: dict[str, Any], max_batch_size: int, batch_wait_timeout_s: float, max_pixels: int
+        self,
+        tools: list[str],
+        backend: str | None,
+        params: dict[str, Any],
+        max_batch_size: int,
+        batch_wait_timeout_s: float,
+        max_pixels: int,
+        gpu_slot: int | None = None,
     ):
+        """`gpu_slot`: under `placement: slots`, the tool GPU this replica was placed on by its
+        per-GPU resource; it selects that device before any backend touches CUDA."""
+        if gpu_slot is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = tool_gpu_device(gpu_slot, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.tools = frozenset(tools)
         self.tool = tools[0] if len(tools) == 1 else "+".join(tools)
         keep_pillow_blocks()  # a replica process is ours; see the function for what it saves
@@ -133,7 +145,13 @@ class ToolDeployment:
         return r
 
     def describe(self) -> dict[str, Any]:
-        return {"tools": sorted(self.tools), "backend": self.backend_name, "plumbing_only": self.plumbing_only, "batched": self.batched}
+        return {
+            "tools": sorted(self.tools),
+            "backend": self.backend_name,
+            "plumbing_only": self.plumbing_only,
+            "batched": self.batched,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
     def __del__(self) -> None:
         box = getattr(self, "box", None)  # absent when the constructor failed
@@ -317,8 +335,9 @@ def build_app(cfg: ServeConfig, token: str | None = None):
             opts["autoscaling_config"] = tcfg.autoscaling_config
         else:
             opts["num_replicas"] = tcfg.num_replicas
+        slot = tcfg.gpu if cfg.placement == "slots" and tcfg.on_gpu else None
         handles[name] = ToolDeployment.options(**opts).bind(
-            served, tcfg.backend, dict(tcfg.params), tcfg.max_batch_size, tcfg.batch_wait_timeout_s, cfg.max_pixels
+            served, tcfg.backend, dict(tcfg.params), tcfg.max_batch_size, tcfg.batch_wait_timeout_s, cfg.max_pixels, slot
         )
     return Ingress.options(
         name=INGRESS_NAME,

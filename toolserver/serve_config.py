@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -24,6 +25,13 @@ DEFAULT_MAX_PIXELS = 40_000_000
 _EPS = 1e-9
 PURE_DEPLOYMENT = "PureTools"
 PURE_MODES = ("deployment", "shared", "caller")
+# How GPU tools reach their planned GPU (see docs/serving.md, "GPU placement"):
+#   ray:   Ray's num_gpus fractions, packed in replica start order (the plan is not enforced);
+#   slots: one Ray node owns the tool GPUs; tool GPU g is the custom resource <prefix>g
+#          (capacity 1), each replica asks for its fraction of it and selects device g itself;
+#   nodes: one Ray node per tool GPU, each declaring <prefix>g; replicas keep num_gpus.
+PLACEMENTS = ("ray", "slots", "nodes")
+DEFAULT_PIN_PREFIX = "toolgpu"
 
 
 class ServeConfigError(ValueError):
@@ -54,6 +62,10 @@ class ToolServeConfig:
     # Which GPU of the tool server this tool's num_gpus fraction is planned on. Checked by the
     # dry run; with ServeConfig.pin_resource_prefix it also pins replicas (see docs/serving.md).
     gpu: int | None = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.num_gpus > 0 and self.gpu is not None
 
     @property
     def num_gpus(self) -> float:
@@ -99,7 +111,8 @@ class ServeConfig:
     num_gpus: int = 0  # GPUs reserved for the tool server; the dry run packs fractions into them
     # Every model tool must have a backend (a production config); offline configs leave some out.
     require_all_model_tools: bool = False
-    pin_resource_prefix: str | None = None
+    placement: str = "ray"  # one of PLACEMENTS
+    pin_resource_prefix: str = DEFAULT_PIN_PREFIX  # custom resource per tool GPU: <prefix><gpu>
     default_timeout_s: float = 120.0
     max_pixels: int = DEFAULT_MAX_PIXELS  # per input image at the HTTP edge, per output everywhere
     http: HttpConfig = field(default_factory=HttpConfig)
@@ -211,6 +224,10 @@ class ServeConfig:
                 errors.append(f"tools.{name}.timeout_s must be positive")
             if tcfg.num_replicas is not None and tcfg.num_replicas < 1 and not tcfg.autoscaling_config:
                 errors.append(f"tools.{name}.num_replicas must be >= 1")
+        if self.placement not in PLACEMENTS:
+            errors.append(f"placement: {self.placement!r} is not one of {'|'.join(PLACEMENTS)}")
+        if not self.pin_resource_prefix or not self.pin_resource_prefix.replace("_", "").isalnum():
+            errors.append(f"pin_resource_prefix: {self.pin_resource_prefix!r} must be letters, digits and underscores")
         if self.pure_mode not in PURE_MODES:
             errors.append(f"pure_mode: {self.pure_mode!r} is not one of {'|'.join(PURE_MODES)}")
         if not 0 < self.http.port < 65536:
@@ -271,6 +288,10 @@ class PlacementReport:
     unconfigured: list[str] = field(default_factory=list)
     cpu_models: list[str] = field(default_factory=list)  # model tools planned without a GPU
     replica_fractions: list[float] = field(default_factory=list)  # one entry per GPU replica
+    placement: str = "ray"
+    # deployment -> what each of its replicas asks Ray for, when placement pins it to a GPU
+    pins: dict[str, dict[str, float]] = field(default_factory=dict)
+    node_resources: dict[str, float] = field(default_factory=dict)  # what the tool-GPU node(s) must declare
 
     @property
     def ok(self) -> bool:
@@ -284,6 +305,17 @@ class PlacementReport:
         for g in sorted(self.gpus):
             parts = ", ".join(f"{t} {f:g}" for t, f in self.gpus[g])
             lines.append(f"GPU {g}: {self.gpu_load(g):.2f} of 1.00  ({parts})")
+        if self.pins:
+            how = {
+                "slots": "one Ray node owns the tool GPUs; each replica takes its fraction of that GPU's resource and selects the device itself",
+                "nodes": "one Ray node per tool GPU; each replica asks for a sliver of its node's resource and Ray assigns the GPU there",
+            }[self.placement]
+            lines.append(f"placement: {self.placement} (enforced): {how}")
+            lines.append(f"  the tool-GPU node(s) must declare: {json.dumps(self.node_resources)}")
+            for name, res in self.pins.items():
+                lines.append(f"  {name}: " + ", ".join(f"{k} {v:g}" for k, v in res.items()))
+        else:
+            lines.append("placement: ray (Ray packs fractions in replica start order; the grouping is a plan, not enforced)")
         lines.append(f"CPUs reserved (at max replicas): {self.cpus:g}")
         if self.cpu_models:
             lines.append(f"model tools on CPU: {', '.join(self.cpu_models)}")
@@ -302,7 +334,7 @@ def check_placement(cfg: ServeConfig, known_backends: set[str] | None = None) ->
     so the planned grouping (`gpu:`) is what we can check: every model tool is placed, each
     GPU's fractions (counted at max replicas, since autoscaling may reach it) sum to <= 1.
     """
-    rep = PlacementReport(gpus={g: [] for g in range(cfg.num_gpus)})
+    rep = PlacementReport(gpus={g: [] for g in range(cfg.num_gpus)}, placement=cfg.placement)
     for spec in servable_tools(cfg.family):
         if cfg.mode(spec.name) is Mode.UNCONFIGURED:
             rep.unconfigured.append(spec.name)
@@ -325,16 +357,21 @@ def check_placement(cfg: ServeConfig, known_backends: set[str] | None = None) ->
             continue
         rep.gpus[tcfg.gpu].append((name, frac * tcfg.max_replicas))
         rep.replica_fractions += [frac] * tcfg.max_replicas
+        if cfg.placement != "ray":
+            opts = ray_actor_options(cfg, tcfg)
+            rep.pins[name] = {**({"GPU": opts["num_gpus"]} if opts.get("num_gpus") else {}), **opts.get("resources", {})}
     for g, items in rep.gpus.items():
         load = rep.gpu_load(g)
         if load > 1 + _EPS:
             rep.errors.append(f"GPU {g} is oversubscribed: {load:.2f} > 1 ({', '.join(t for t, _ in items)})")
         elif not items:
             rep.warnings.append(f"GPU {g} has no tools")
-    if cfg.num_gpus and not cfg.pin_resource_prefix and not rep.errors and not _packs_in_any_order(rep.replica_fractions, cfg.num_gpus):
+    if cfg.placement != "ray":
+        rep.node_resources = node_resources(cfg)
+    elif cfg.num_gpus and not rep.errors and not _packs_in_any_order(rep.replica_fractions, cfg.num_gpus):
         rep.warnings.append(
             "Ray packs fractional GPUs in replica start order, which may not reproduce this grouping; "
-            "set pin_resource_prefix (one Ray node per tool GPU) to enforce it"
+            "set placement: slots (one Ray node owning the tool GPUs) or nodes (one per GPU) to enforce it"
         )
     return rep
 
@@ -356,12 +393,50 @@ def _packs_in_any_order(items: list[float], n_gpus: int) -> bool:
 
 
 def ray_actor_options(cfg: ServeConfig, tcfg: ToolServeConfig) -> dict[str, Any]:
-    """A deployment's actor options, plus a pinning resource when the config asks for one."""
+    """A deployment's actor options, with the pinning resource its placement asks for."""
     opts = copy.deepcopy(tcfg.ray_actor_options)
-    if cfg.pin_resource_prefix and tcfg.gpu is not None and tcfg.num_gpus > 0:
-        # A tiny amount of a per-GPU custom resource forces the replica onto the Ray node that
-        # owns that GPU; Ray still accounts the GPU fraction itself.
-        res = dict(opts.get("resources") or {})
-        res[f"{cfg.pin_resource_prefix}{tcfg.gpu}"] = 0.001
-        opts["resources"] = res
+    if cfg.placement == "ray" or not tcfg.on_gpu:
+        return opts
+    res = dict(opts.get("resources") or {})
+    key = f"{cfg.pin_resource_prefix}{tcfg.gpu}"
+    if cfg.placement == "slots":
+        # Ray's GPU accounting picks a device per replica in start order, which is what breaks
+        # the plan; the per-GPU resource does that accounting instead (capacity 1, so a GPU
+        # still cannot be oversubscribed) and the replica selects device `gpu` itself
+        # (tool_gpu_device). With num_gpus 0, Ray leaves CUDA_VISIBLE_DEVICES as the node's.
+        opts.pop("num_gpus", None)
+        res[key] = tcfg.num_gpus
+    else:
+        # A sliver of the resource only one node declares forces the replica onto that node;
+        # Ray accounts the GPU fraction itself there.
+        res[key] = 0.001
+    opts["resources"] = res
     return opts
+
+
+def node_resources(cfg: ServeConfig) -> dict[str, float]:
+    """The custom resources the tool-GPU node(s) must declare for `cfg.placement` (none for ray):
+    `toolserver serve` declares them itself when it starts Ray; `ray start --resources` otherwise."""
+    if cfg.placement == "ray":
+        return {}
+    return {f"{cfg.pin_resource_prefix}{g}": 1.0 for g in range(cfg.num_gpus)}
+
+
+def missing_node_resources(cfg: ServeConfig, cluster: dict[str, float]) -> list[str]:
+    """What the cluster (`ray.cluster_resources()`) lacks for this placement; replicas asking for
+    a resource no node has would stay pending forever rather than fail."""
+    return [f"{k} (has {cluster.get(k, 0):g}, needs {v:g})" for k, v in node_resources(cfg).items() if cluster.get(k, 0) + _EPS < v]
+
+
+def tool_gpu_device(gpu: int, visible: str | None) -> str:
+    """The device a `placement: slots` replica planned on tool GPU `gpu` selects, from the node's
+    CUDA_VISIBLE_DEVICES (`visible`; None means every GPU of the machine is visible)."""
+    if visible is None:
+        return str(gpu)
+    devices = [d.strip() for d in visible.split(",") if d.strip()]
+    if not 0 <= gpu < len(devices):
+        raise ServeConfigError(
+            f"tool GPU {gpu} is planned, but this Ray node sees CUDA_VISIBLE_DEVICES={visible!r}; start the node "
+            f"with every tool GPU visible (placement: slots), or use placement: nodes (one Ray node per GPU)"
+        )
+    return devices[gpu]

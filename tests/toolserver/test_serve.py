@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import socket
 import threading
 import time
@@ -21,7 +22,7 @@ from PIL import Image, ImageDraw
 from toolserver.fonts import dejavu_sans
 from toolserver.registry import REGISTRY, ArgType, Backend, OutputKind
 from toolserver.request import ToolRequest
-from toolserver.serve_config import ServeConfig, servable_tools
+from toolserver.serve_config import ServeConfig, node_resources, servable_tools, tool_gpu_device
 from toolserver.toolbox import LocalToolbox
 from toolserver.validation import Profile
 
@@ -59,7 +60,11 @@ def served():
     probe.backend, probe.params = PROBE, {"delay_s": 0.05}
     probe.max_batch_size, probe.batch_wait_timeout_s = 4, 0.2
     probe.timeout_s = PROBE_TIMEOUT_S
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Slots placement on a CPU machine: the probe is planned on tool GPU 1, so its replica takes
+    # a share of the node resource toolgpu1 (no Ray GPU) and selects that device itself.
+    cfg.placement, cfg.num_gpus = "slots", 2
+    probe.gpu, probe.ray_actor_options = 1, {**probe.ray_actor_options, "num_gpus": 0.2}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, resources=node_resources(cfg))
     try:
         deploy(cfg, TOKEN)
         yield cfg
@@ -396,3 +401,14 @@ def test_canvascraft_ray_build_against_the_served_toolbox(served, tmp_path):
         assert report["summary"]["errors"] == 0
         if traj.final_asset() is not None:
             assert images_equal(again.final_asset().image, traj.final_asset().image)
+
+
+def test_slots_placement_puts_the_replica_on_its_planned_gpu(served):
+    described = serve.get_app_handle(served.app_name).describe.remote().result(timeout_s=60)
+    # The node's visible devices are this process's (Ray leaves them alone without Ray GPUs).
+    assert described["Grounding"]["cuda_visible_devices"] == tool_gpu_device(1, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    assert described["OCR"]["cuda_visible_devices"] == os.environ.get("CUDA_VISIBLE_DEVICES")  # a CPU tool: untouched
+    # Ray holds the replica's fraction of its GPU's resource for the replica's lifetime.
+    assert ray.cluster_resources()["toolgpu1"] == 1.0
+    assert ray.available_resources().get("toolgpu1") == pytest.approx(0.8)
+    assert ray.available_resources().get("toolgpu0") == pytest.approx(1.0)

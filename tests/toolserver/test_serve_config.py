@@ -130,12 +130,57 @@ def test_pure_modes_and_shared_deployment():
     assert mixed.mode("SAM") is Mode.UNCONFIGURED
 
 
-def test_pinning_adds_a_per_gpu_resource():
-    from toolserver.serve_config import ray_actor_options
+def test_slots_placement_pins_each_replica_to_its_planned_gpu():
+    from toolserver.serve_config import node_resources, ray_actor_options
 
-    cfg = ServeConfig.from_dict({**_paper(), "pin_resource_prefix": "toolgpu"})
-    opts = ray_actor_options(cfg, cfg.tools["SAM"])
+    cfg = ServeConfig.load("paper_2gpu")
+    assert cfg.placement == "slots"
+    # The GPU fraction moves from Ray's GPU accounting (start-order packing) to the planned
+    # GPU's own resource; CPU options and any other resources stay.
+    for tool, gpu in {"ImageGeneration": 0, "SR": 0, "OCR": 0, "ImageEdit": 1, "SAM": 1, "Grounding": 1}.items():
+        tcfg = cfg.tools[tool]
+        opts = ray_actor_options(cfg, tcfg)
+        assert "num_gpus" not in opts and opts["resources"] == {f"toolgpu{gpu}": tcfg.num_gpus}, tool
+        assert opts["num_cpus"] == tcfg.ray_actor_options["num_cpus"]
+    assert node_resources(cfg) == {"toolgpu0": 1.0, "toolgpu1": 1.0}
+    # Each GPU's resource is exactly what the plan sums to, at max replicas, so Ray itself
+    # refuses what the dry run calls oversubscribed.
+    rep = check_placement(cfg, set(BACKEND_FACTORIES))
+    assert rep.ok and not rep.warnings, rep.render()
+    for g in (0, 1):
+        asked = sum(rep.pins[name][f"toolgpu{g}"] * cfg.tools[name].max_replicas for name in rep.pins if f"toolgpu{g}" in rep.pins[name])
+        assert asked == pytest.approx(rep.gpu_load(g)) and asked <= node_resources(cfg)[f"toolgpu{g}"] + 1e-9
+    kept = ServeConfig.from_dict(_paper(SAM={"ray_actor_options": {"num_cpus": 1, "num_gpus": 0.1, "resources": {"big_mem": 1}}}))
+    assert ray_actor_options(kept, kept.tools["SAM"])["resources"] == {"big_mem": 1, "toolgpu1": 0.1}
+
+
+def test_other_placements_and_their_checks():
+    from toolserver.serve_config import missing_node_resources, node_resources, ray_actor_options
+
+    nodes = ServeConfig.from_dict({**_paper(), "placement": "nodes"})
+    opts = ray_actor_options(nodes, nodes.tools["SAM"])
     assert opts["resources"] == {"toolgpu1": 0.001} and opts["num_gpus"] == 0.1
+    plain = ServeConfig.from_dict({**_paper(), "placement": "ray"})
+    assert ray_actor_options(plain, plain.tools["SAM"]) == plain.tools["SAM"].ray_actor_options and node_resources(plain) == {}
+    # The paper fractions can pack differently in some start order: only Ray's own packing warns.
+    assert any("start order" in w for w in check_placement(plain).warnings)
+    assert missing_node_resources(nodes, {"toolgpu0": 1.0, "toolgpu1": 1.0, "GPU": 2.0}) == []
+    assert missing_node_resources(nodes, {"toolgpu0": 1.0, "GPU": 2.0}) == ["toolgpu1 (has 0, needs 1)"]
+    for bad in ({"placement": "anywhere"}, {"pin_resource_prefix": "tool gpu"}):
+        with pytest.raises(ServeConfigError):
+            ServeConfig.from_dict({**_paper(), **bad})
+
+
+def test_a_slots_replica_selects_its_device_from_the_nodes_visible_gpus():
+    from toolserver.serve_config import tool_gpu_device
+
+    assert tool_gpu_device(1, "6,7") == "7" and tool_gpu_device(0, "6, 7") == "6"
+    assert tool_gpu_device(1, None) == "1"  # every GPU visible: tool GPU i is device i
+    assert tool_gpu_device(0, "GPU-3f2a") == "GPU-3f2a"  # UUIDs pass through
+    with pytest.raises(ServeConfigError, match="CUDA_VISIBLE_DEVICES"):
+        tool_gpu_device(1, "6")  # a node that sees one GPU cannot host tool GPU 1
+    with pytest.raises(ServeConfigError):
+        tool_gpu_device(0, "")
 
 
 # ---------------------------------------------------------------------- auth rule
@@ -175,6 +220,8 @@ def test_cli_dry_run_of_the_paper_config(capsys):
     assert main(["serve", "--config", "paper_2gpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "GPU 0: 1.00 of 1.00" in out and "GPU 1: 1.00 of 1.00" in out and "config OK" in out
+    assert "placement: slots (enforced)" in out and "warning" not in out
+    assert "ImageGeneration: toolgpu0 0.6" in out and "SAM: toolgpu1 0.1" in out
 
 
 def test_cli_backends_from_override(capsys):
