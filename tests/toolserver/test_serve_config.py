@@ -287,8 +287,26 @@ def test_shm_images_keep_mode_and_pixels(mode, pool):
     w = WireImage.pack(src, pool)
     # Big enough raw images go through a slot; packed bits (mode 1) and palettes do not.
     assert (w.shm is not None) == (mode not in ("1", "P"))
+    if mode == "RGB":  # Pillow's own 4-byte layout, several encoder chunks long
+        assert w.rawmode == "RGBX" and w.nbytes == 400 * 300 * 4
     for back in (w.unpack(), w.unpack(pool)):  # as a replica (opens the file) and as its owner
         assert back.mode == src.mode and back.size == src.size and back.tobytes() == src.tobytes()
+
+
+def test_pillow_block_reuse_yields_to_the_operators_setting(monkeypatch):
+    from toolserver.wire import PILLOW_BLOCKS, keep_pillow_blocks
+
+    before = Image.core.get_blocks_max()
+    try:
+        monkeypatch.setenv("PILLOW_BLOCKS_MAX", "0")
+        Image.core.set_blocks_max(0)
+        keep_pillow_blocks()
+        assert Image.core.get_blocks_max() == 0
+        monkeypatch.delenv("PILLOW_BLOCKS_MAX")
+        keep_pillow_blocks()
+        assert Image.core.get_blocks_max() == PILLOW_BLOCKS
+    finally:
+        Image.core.set_blocks_max(before)
 
 
 @needs_shm
