@@ -51,6 +51,8 @@ class TaskResult:
     labels: dict[str, str] = field(default_factory=dict)
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     seconds: float = 0.0
+    episodes: int = 1  # > 1 with EvalConfig.samples: counts below are sums over the episodes
+    terminated: int = 0  # episodes the policy ended itself
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +88,30 @@ def task_result(traj: Trajectory, scores: dict[str, float], success_threshold: f
         labels=dict(traj.task.labels),
         tool_calls=calls,
         seconds=seconds,
+        terminated=int(traj.terminated),
+    )
+
+
+def merge_samples(results: list[TaskResult]) -> TaskResult:
+    """Several episodes of one task as one result: scores are their means (a key counts over the
+    episodes that have it), counts and tool calls are summed, success means most episodes succeeded."""
+    first = results[0]
+    keys = dict.fromkeys(k for r in results for k in r.scores)
+    return TaskResult(
+        task_id=first.task_id,
+        scores={k: sum(r.scores[k] for r in results if k in r.scores) / sum(k in r.scores for r in results) for k in keys},
+        stop_reason=Counter(r.stop_reason for r in results).most_common(1)[0][0],
+        n_turns=sum(r.n_turns for r in results),
+        n_calls=sum(r.n_calls for r in results),
+        valid_replies=sum(r.valid_replies for r in results),
+        success=2 * sum(r.success for r in results) > len(results),
+        align_measured=all(r.align_measured for r in results),
+        error=next((r.error for r in results if r.error), None),
+        labels=dict(first.labels),
+        tool_calls=[c for r in results for c in r.tool_calls],
+        seconds=sum(r.seconds for r in results),
+        episodes=sum(r.episodes for r in results),
+        terminated=sum(r.terminated for r in results),
     )
 
 
@@ -157,3 +183,24 @@ def summarize(results: list[TaskResult]) -> Summary:
         by_label={k: {"overall": _mean(v), "n": float(len(v))} for k, v in sorted(by_label.items())},
         n_errors=sum(1 for r in results if r.error),
     )
+
+
+def policy_metrics(results: list[TaskResult], match_threshold: float = 0.95) -> dict[str, float]:
+    """The training-side view of a split (pipeline, evidence benchmark): means of every per-task
+    score (a key counts over the tasks that have it), `format_validity` = share of all assistant
+    turns without a protocol finding (pooled, not a mean of per-task shares), `success` = share of
+    tasks whose final image matches (mean align >= match_threshold, whether or not the policy
+    ended the episode), `terminated` = share of episodes the policy ended, `calls_per_task` = tool
+    calls per episode."""
+    keys = dict.fromkeys(k for r in results for k in r.scores)
+    means = {k: sum(r.scores[k] for r in results if k in r.scores) / sum(k in r.scores for r in results) for k in keys}
+    turns = sum(r.n_turns for r in results)
+    episodes = sum(r.episodes for r in results)
+    return {
+        **means,
+        "format_validity": sum(r.valid_replies for r in results) / turns if turns else 0.0,
+        "success": sum(r.scores.get("align", 0.0) >= match_threshold for r in results) / max(1, len(results)),
+        "terminated": sum(r.terminated for r in results) / episodes if episodes else 0.0,
+        "calls_per_task": sum(len(r.tool_calls) for r in results) / episodes if episodes else 0.0,
+        "n_tasks": float(len(results)),
+    }

@@ -4,6 +4,7 @@ Layout under `out_dir`:
 
     trajectories/<task_id>/trajectory.json + assets/   the episode, saved even when it failed
     trajectories/<task_id>/result.json                 scores; written last, it marks the task done
+    trajectories/<task_id>/sample_<j>/                 with `samples` > 1: episode j of the task
 
 On rerun a task with `result.json` is skipped; one with a finished trajectory but no result (the
 scorer failed, or the run stopped while scoring) is rescored from disk without rerunning the
@@ -13,6 +14,7 @@ have (stop_reason "interrupted").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -26,7 +28,7 @@ from typing import Any, Callable
 
 from canvasagent.config import make_toolbox
 from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.evaluation.metrics import TaskResult, task_result
+from canvasagent.evaluation.metrics import TaskResult, merge_samples, task_result
 from canvasagent.policies.guards import GuardConfig, GuardedPolicy
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory
@@ -47,6 +49,13 @@ class EvalConfig:
     success_threshold: float = 0.5
     resume: bool = True
     guard: GuardConfig = field(default_factory=GuardConfig)
+    # Episodes per task (a sampling policy); the task's scores are their means.
+    samples: int = 1
+    # Seeds torch's RNG once for the run (a sampling HF policy draws from it) and runs tasks one
+    # at a time in order, so the same seed gives the same episodes. None: unseeded, concurrent.
+    seed: int | None = None
+    # False for checkpoints trained with the tool block in the chat template (the training layout).
+    tools_in_system_prompt: bool = True
 
 
 def task_dir_name(task_id: str) -> str:
@@ -70,8 +79,12 @@ class _CancellablePolicy(GuardedPolicy):
 
 
 class EvalRunner:
-    def __init__(self, policy_factory: Any, scorer: Scorer, out_dir: str | Path, config: EvalConfig | None = None):
+    def __init__(self, policy_factory: Any, scorer: Scorer, out_dir: str | Path, config: EvalConfig | None = None,
+                 toolbox: Any = None):
+        """`toolbox`: one the caller owns and closes (e.g. a training env's), used by every worker
+        instead of one per worker from `config.tools`."""
         self.factory = policy_factory
+        self.shared_toolbox = toolbox
         self.scorer = scorer
         self.out = Path(out_dir)
         self.config = config or EvalConfig()
@@ -82,6 +95,8 @@ class EvalRunner:
         self._tb_lock = threading.Lock()
 
     def _toolbox(self) -> Any:
+        if self.shared_toolbox is not None:
+            return self.shared_toolbox
         tb = getattr(self._local, "toolbox", None)
         if tb is None:
             tb = self._local.toolbox = make_toolbox(self.config.tools)
@@ -102,8 +117,7 @@ class EvalRunner:
             log.warning("unreadable %s (%s); rerunning task %s", path, e, task.id)
             return None
 
-    def _episode(self, task: Task) -> Trajectory:
-        d = self._dir(task)
+    def _episode(self, task: Task, d: Path) -> Trajectory:
         if self.config.resume and (d / "trajectory.json").exists():
             try:
                 old = Trajectory.load(d)
@@ -115,28 +129,38 @@ class EvalRunner:
         if d.exists():  # a rerun replaces an unfinished attempt; no stale asset files may remain
             shutil.rmtree(d)
         policy = _CancellablePolicy(self.factory.for_task(task), self.config.guard, self.cancel)
-        traj = run_episode(policy, task, self._toolbox(), EpisodeConfig(max_turns=self.config.max_turns, family=task.family))
+        ecfg = EpisodeConfig(max_turns=self.config.max_turns, family=task.family, tools_in_system_prompt=self.config.tools_in_system_prompt)
+        traj = run_episode(policy, task, self._toolbox(), ecfg)
         traj.meta["policy"] = self.factory.name
         traj.save(d)  # before scoring: a scorer crash must not lose the episode
         return traj
 
+    def _episode_dirs(self, task: Task) -> list[Path]:
+        d = self._dir(task)
+        k = max(1, self.config.samples)
+        return [d] if k == 1 else [d / f"sample_{j}" for j in range(k)]
+
     def run_task(self, task: Task) -> TaskResult | None:
         t0 = time.perf_counter()
-        try:
-            traj = self._episode(task)
-        except Exception as e:  # e.g. an oversized input image: record and move on
-            log.error("task %s could not run: %s", task.id, e)
-            res = TaskResult(task.id, stop_reason="task_error", error=f"{type(e).__name__}: {e}", labels=dict(task.labels))
-            self._write(task, res)
-            return res
-        if traj.stop_reason in UNFINISHED:
-            return None  # cancelled: saved, not done
-        try:
-            scores = self.scorer(traj)
-        except Exception as e:
-            log.error("task %s: scoring failed (%s); the trajectory is saved and will be rescored on rerun", task.id, e)
-            return None
-        res = task_result(traj, scores, self.config.success_threshold, time.perf_counter() - t0)
+        results = []
+        for d in self._episode_dirs(task):
+            try:
+                traj = self._episode(task, d)
+            except Exception as e:  # e.g. an oversized input image: record and move on
+                log.error("task %s could not run: %s", task.id, e)
+                res = TaskResult(task.id, stop_reason="task_error", error=f"{type(e).__name__}: {e}", labels=dict(task.labels))
+                self._write(task, res)
+                return res
+            if traj.stop_reason in UNFINISHED:
+                return None  # cancelled: saved, not done
+            try:
+                scores = self.scorer(traj)
+            except Exception as e:
+                log.error("task %s: scoring failed (%s); the trajectory is saved and will be rescored on rerun", task.id, e)
+                return None
+            results.append(task_result(traj, scores, self.config.success_threshold, time.perf_counter() - t0))
+        res = results[0] if len(results) == 1 else merge_samples(results)
+        res.seconds = time.perf_counter() - t0
         self._write(task, res)
         return res
 
@@ -164,22 +188,38 @@ class EvalRunner:
         total = len(tasks)
         if progress:
             progress(len(results), total, None)
-        pool = ThreadPoolExecutor(max_workers=max(1, self.config.workers), thread_name_prefix="eval")
-        try:
-            futures = {pool.submit(self.run_task, t): t for t in todo}
-            for fut in as_completed(futures):
-                res = fut.result()
-                if res is not None:
-                    results[futures[fut].id] = res
-                if progress:
-                    progress(len(results), total, res)
-        except KeyboardInterrupt:
-            log.warning("interrupted: finishing the current turn of each running task and saving it")
-            self.cancel.set()
-            raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-            for tb in self._toolboxes:
-                tb.close()
-            self._toolboxes.clear()
+        seeded = self.config.seed is not None
+        # One worker takes the queue in order, so the seeded RNG stream meets the tasks in order.
+        pool = ThreadPoolExecutor(max_workers=1 if seeded else max(1, self.config.workers), thread_name_prefix="eval")
+        with contextlib.ExitStack() as stack:
+            if seeded:
+                stack.enter_context(_seeded_torch(self.config.seed))
+            try:
+                futures = {pool.submit(self.run_task, t): t for t in todo}
+                for fut in as_completed(futures):
+                    res = fut.result()
+                    if res is not None:
+                        results[futures[fut].id] = res
+                    if progress:
+                        progress(len(results), total, res)
+            except KeyboardInterrupt:
+                log.warning("interrupted: finishing the current turn of each running task and saving it")
+                self.cancel.set()
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+                for tb in self._toolboxes:
+                    tb.close()
+                self._toolboxes.clear()
         return [results[i] for i in ids if i in results]
+
+
+@contextlib.contextmanager
+def _seeded_torch(seed: int):
+    """torch's global RNG seeded for the block and restored after it, so an evaluation inside a
+    training run does not shift the run's own random stream."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

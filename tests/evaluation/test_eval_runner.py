@@ -195,3 +195,42 @@ def test_eval_cli_with_the_local_judge_on_the_tiny_model(eval_split, tmp_path, t
     assert all(0.0 <= m[k] <= 1.0 for k in ("overall", "align", "aes", "traj", "rule"))
     assert cli_main(["eval", "--policy", "scripted:flip", "--tasks", str(eval_split), "--judge", "local", "--out", str(tmp_path / "x")]) == 2
     assert "--judge local needs a checkpoint" in capsys.readouterr().err
+
+
+class _Shared:
+    """A policy factory handing every task the same in-memory policy (what the pipeline does)."""
+
+    def __init__(self, policy):
+        self.policy, self.name = policy, "hf-in-memory"
+
+    def for_task(self, task=None):
+        return self.policy
+
+
+@pytest.mark.slow
+def test_runner_seeded_sampling_repeats_and_merges_episodes(tiny_qwen3vl_dir, eval_split, tmp_path):
+    """A sampling HF policy held in memory, several episodes per task, a caller-owned toolbox:
+    the same seed gives the same episodes, and a task's result sums its episodes."""
+    from canvasagent.config import make_toolbox
+    from canvasagent.evaluation.metrics import policy_metrics
+    from canvasagent.policies.hf_local import HFGenerationConfig, HFLocalPolicy
+
+    tasks = load_tasks(eval_split)[:2]
+    policy = HFLocalPolicy(str(tiny_qwen3vl_dir), HFGenerationConfig(max_new_tokens=12, temperature=1.0))
+    toolbox = make_toolbox("offline")
+    cfg = dict(max_turns=2, samples=2, guard=GuardConfig(0), workers=2)
+
+    def run(out, seed):
+        return EvalRunner(_Shared(policy), fake_score, tmp_path / out, EvalConfig(seed=seed, **cfg), toolbox=toolbox).run(tasks)
+
+    a, b, c = run("a", 7), run("b", 7), run("c", 8)
+    replies = {o: [Trajectory.load(tmp_path / o / "trajectories" / t.id / f"sample_{j}").turns[0].reply for t in tasks for j in (0, 1)]
+               for o in "abc"}
+    assert replies["a"] == replies["b"] and replies["a"] != replies["c"]
+    assert [r.to_dict() | {"seconds": 0, "tool_calls": []} for r in a] == [r.to_dict() | {"seconds": 0, "tool_calls": []} for r in b]
+    r = a[0]
+    assert r.episodes == 2 and r.n_turns == sum(len(Trajectory.load(tmp_path / "a" / "trajectories" / "t0" / f"sample_{j}").turns) for j in (0, 1))
+    m = policy_metrics(a)
+    assert m["n_tasks"] == 2 and 0 <= m["format_validity"] <= 1 and m["terminated"] == sum(x.terminated for x in a) / 4
+    # The caller's toolbox is still usable: the runner closes only the toolboxes it made.
+    assert toolbox.call is not None and run("d", 7) is not None
