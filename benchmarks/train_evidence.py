@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     rows, t0 = [], time.perf_counter()
     for seed in args.seeds:
         res = run_pipeline(PipelineConfig(
-            out=str(out / f"seed_{seed}"), seed=seed, n_eval=args.n_eval,
+            # The scripted tasks only: the evidence stays comparable across passes (the main job's
+            # default is the mixed scripted + CanvasCraft set).
+            out=str(out / f"seed_{seed}"), seed=seed, n_eval=args.n_eval, data="scripted",
             sft_overrides=dict(parse_override(s) for s in args.sft_set),
             grpo_overrides=dict(parse_override(s) for s in args.grpo_set),
         ))

@@ -3,6 +3,9 @@
     canvasagent pipeline --out runs/main
 
 Runs offline on a CPU machine with the tiny Qwen3-VL and only tools that really run offline.
+By default (`data: mixed`, configs/pipeline/default.yaml) it trains on two sources together: the
+scripted Crop/Flip/Rotate tasks and a small CanvasCraft build of single-tool offline chains
+(OCR, Flip, Rotate, SR); held-out tasks of both are evaluated and reported per source.
 Each stage writes `<out>/<stage>/done.json` when it finishes; a rerun skips finished stages, and
 training stages resume from their last checkpoint, so an interrupted pipeline loses at most the
 steps since the last save.
@@ -22,30 +25,64 @@ log = logging.getLogger(__name__)
 STAGES = ("data", "eval_base", "sft", "eval_sft", "grpo", "eval_grpo", "report")
 
 
+# Data sources each pipeline `data` mode trains and evaluates on.
+SOURCES: dict[str, tuple[str, ...]] = {
+    "mixed": ("scripted", "canvascraft"),
+    "scripted": ("scripted",),
+    "canvascraft": ("canvascraft",),
+}
+
+
 @dataclass
 class PipelineConfig:
+    """configs/pipeline/default.yaml documents every field; these defaults mirror it."""
+
     out: str = "runs/main"
     seed: int = 0
     sft_config: str = "sft_tiny_cpu"
     grpo_config: str = "grpo_tiny_cpu"
-    n_eval: int = 24  # held-out templated tasks (a task seed never used for training)
+    data: str = "mixed"  # mixed | scripted | canvascraft
+    n_eval: int = 24  # held-out scripted tasks (a task seed never used for training)
     # The untrained model rambles to max_new_tokens every turn (slow on CPU) and scores ~0 anyway:
-    # it is evaluated on the first n_eval_base held-out tasks only.
+    # it is evaluated on the first n_eval_base held-out tasks of each source only.
     n_eval_base: int = 8
     eval_max_new_tokens: int = 96
     # Besides greedy decoding, trained policies are also evaluated by sampling at the training
     # temperature (what GRPO optimises): `eval_samples` episodes per task.
     eval_samples: int = 4
+    skip_base_eval: bool = False
     sft_overrides: dict[str, Any] = field(default_factory=dict)
     grpo_overrides: dict[str, Any] = field(default_factory=dict)
-    skip_base_eval: bool = False
-    # scripted: templated Crop/Flip/Rotate tasks with reference solutions (learnable by the tiny
-    # model in minutes). canvascraft: a small CanvasCraft-SFT/RL build restricted to the tools
-    # that really run offline; held-out tasks are its RL eval split.
-    data: str = "scripted"
+    # The CanvasCraft build, restricted to tools that really run offline.
     cc_sft_n: int = 64
-    cc_rl_n: int = 32
-    cc_eval_n: int = 16
+    cc_rl_n: int = 48
+    cc_eval_n: int = 16  # its RL eval split: the held-out CanvasCraft tasks
+    cc_mix: dict[str, float] = field(default_factory=lambda: {"single": 0, "hard": 0, "OCR": 1, "Flip": 1, "Rotate": 1, "SR": 1})
+    cc_rl_targets: dict[str, dict[str, float]] = field(default_factory=lambda: {
+        "reasoning": {"easy": 1}, "length": {"easy": 1}, "diversity": {"easy": 1}})
+    cc_sr_input_side: int = 64
+
+    @classmethod
+    def load(cls, name_or_path: str | Path = "default", **overrides: Any) -> "PipelineConfig":
+        """A configs/pipeline/ YAML (or a path); keyword overrides that are not None win."""
+        from canvasagent.config import find_config, from_dict, load_yaml
+
+        data = load_yaml(find_config(name_or_path, "pipeline"))
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        cfg = from_dict(cls, data)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.data not in SOURCES:
+            raise ValueError(f"unknown pipeline data {self.data!r} ({' | '.join(SOURCES)})")
+        unknown = set(self.cc_rl_targets) - {"reasoning", "length", "diversity"}
+        if unknown:
+            raise ValueError(f"cc_rl_targets: unknown axes {sorted(unknown)} (reasoning, length, diversity)")
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return SOURCES[self.data]
 
 
 def offline_tools() -> list[str]:
@@ -76,73 +113,103 @@ class Pipeline:
     def __init__(self, cfg: PipelineConfig):
         from canvasagent.training.config import TrainConfig
 
+        cfg.validate()
         self.cfg = cfg
         self.out = Path(cfg.out).resolve()
         seed = cfg.seed
-        data: dict[str, Any] = {}
-        if cfg.data == "canvascraft":
-            data = {"tools.names": offline_tools(), "data.format": "canvascraft"}
-        elif cfg.data != "scripted":
-            raise ValueError(f"unknown pipeline data {cfg.data!r} (scripted | canvascraft)")
         cc = self.out / "data" / "canvascraft"
+        sft_data: dict[str, Any] = {}
+        grpo_data: dict[str, Any] = {}
+        if "canvascraft" in cfg.sources:
+            # The training data format is the pipeline mode (mixed | canvascraft).
+            common = {"tools.names": self.policy_tools(), "data.format": cfg.data}
+            sft_data = {**common, "data.path": str(cc / "sft")}
+            grpo_data = {**common, "data.path": str(cc / "rl")}
         self.sft = TrainConfig.load(cfg.sft_config, {
             "run.output_dir": str(self.out / "sft"), "run.seed": seed, "model.tiny_seed": seed,
-            "data.seed": 1000 * seed, **data, **({"data.path": str(cc / "sft")} if data else {}), **cfg.sft_overrides,
+            "data.seed": 1000 * seed, **sft_data, **cfg.sft_overrides,
         })
         self.grpo = TrainConfig.load(cfg.grpo_config, {
             "run.output_dir": str(self.out / "grpo"), "run.seed": seed, "model.tiny_seed": seed,
             "data.seed": 1000 * seed + 1, "run.init_from": str(self.out / "sft" / "final"),
-            **data, **({"data.path": str(cc / "rl")} if data else {}), **cfg.grpo_overrides,
+            **grpo_data, **cfg.grpo_overrides,
         })
         self.timings: dict[str, float] = {}
 
+    def policy_tools(self) -> list[str]:
+        """The offline tools the tasks use: those of the CanvasCraft chains the mix keeps, plus the
+        scripted tasks' tools. Each tool schema lengthens every training sequence (7 tools: ~1350
+        tokens per SFT row, the 5 the default mix needs: ~970), so unused tools are left out."""
+        from canvascraft.build import load_build_config
+        from canvascraft.chains import ChainSet
+        from canvasagent.training.scripted import SCRIPTED_TOOLS
+
+        offline = offline_tools()
+        chains = ChainSet.load(load_build_config("sft").chains).with_weights(self.cfg.cc_mix)
+        used = {t for c in chains if c.weight > 0 for t in c.tools} & set(offline)
+        if "scripted" in self.cfg.sources:
+            used |= set(SCRIPTED_TOOLS)
+        return [t for t in offline if t in used]
+
     # -- stages ------------------------------------------------------------------------------------
-    def _eval_tasks(self):
+    def _eval_sets(self) -> dict[str, list]:
+        """Held-out tasks per source, in `cfg.sources` order."""
         from canvasagent.training.common import toolbox_factory
         from canvasagent.training.data import eval_tasks
 
-        if self.cfg.data == "canvascraft":
-            from canvascraft.build import shard_files
-            from canvascraft.formats import read_rows
-            from canvascraft.rl import task_of
+        sets: dict[str, list] = {}
+        for source in self.cfg.sources:
+            if source == "scripted":
+                # Held out: a task seed no training stage uses.
+                sets[source] = eval_tasks(self.sft, self.cfg.n_eval, 1000 * self.cfg.seed + 999, toolbox_factory(self.sft)())
+            else:
+                from canvascraft.build import shard_files
+                from canvascraft.formats import read_rows
+                from canvascraft.rl import task_of
 
-            rows = read_rows(shard_files(self.out / "data" / "canvascraft" / "rl", "rl", "eval"))
-            return [task_of(r) for r in rows][: self.cfg.n_eval]
-        # Held out: a task seed no training stage uses.
-        return eval_tasks(self.sft, self.cfg.n_eval, 1000 * self.cfg.seed + 999, toolbox_factory(self.sft)())
+                rows = read_rows(shard_files(self.out / "data" / "canvascraft" / "rl", "rl", "eval"))
+                sets[source] = [task_of(r) for r in rows]
+        return sets
 
     def _build_canvascraft(self) -> dict[str, Any]:
         from canvascraft.build import load_build_config, run_build
 
         base = self.out / "data" / "canvascraft"
+        c = self.cfg
+        common = dict(seed=c.seed, workers=1, tools_config="offline", mix=c.cc_mix, sr_input_side=c.cc_sr_input_side)
         out: dict[str, Any] = {}
-        for kind, n, extra in (("sft", self.cfg.cc_sft_n, {}), ("rl", self.cfg.cc_rl_n, {"eval_n": self.cfg.cc_eval_n})):
-            bcfg = load_build_config(kind, None, n=n, seed=self.cfg.seed, workers=1, tools_config="offline", **extra)
-            run_build(kind, bcfg, str(base / kind), progress=False)  # resumable: finished shards are kept
-            out[kind] = str(base / kind)
+        for kind, extra in (("sft", {"n": c.cc_sft_n}), ("rl", {"n": c.cc_rl_n, "eval_n": c.cc_eval_n, **c.cc_rl_targets})):
+            bcfg = load_build_config(kind, None, **common, **extra)
+            manifest = run_build(kind, bcfg, str(base / kind), progress=False)  # resumable: finished shards are kept
+            out[kind] = {"path": str(base / kind), "rows": {k: v["rows"] for k, v in manifest["shards"].items()}}
         return out
 
     def stage_data(self) -> dict[str, Any]:
+        from collections import Counter
+
         from canvasagent.training.data import scripted_tasks
 
-        if self.cfg.data == "canvascraft":
-            paths = self._build_canvascraft()
-            eval_tasks = self._eval_tasks()
-            return {"source": "canvascraft", "paths": paths, "n_eval": len(eval_tasks),
-                    "eval_tools": sorted({t for task in eval_tasks for t in task.expected_tools})}
-
-        eval_tasks = self._eval_tasks()
-        train_ids = {t.id + t.instruction for t, _ in scripted_tasks(self.sft)}
+        out: dict[str, Any] = {"source": self.cfg.data, "sources": list(self.cfg.sources)}
+        if "canvascraft" in self.cfg.sources:
+            out["canvascraft"] = self._build_canvascraft()
+        sets = self._eval_sets()
+        if "scripted" in sets:
+            train_ids = {t.id + t.instruction for t, _ in scripted_tasks(self.sft)}
+            out["scripted"] = {"n_sft": self.sft.data.n_train, "n_grpo": self.grpo.data.n_train,
+                               "eval_overlap_instructions": sum(t.id + t.instruction in train_ids for t in sets["scripted"])}
         (self.out / "data").mkdir(parents=True, exist_ok=True)
         with open(self.out / "data" / "eval_tasks.jsonl", "w") as fh:
-            for t in eval_tasks:
-                d = t.to_dict()
-                d["meta"] = {k: v for k, v in d["meta"].items() if k != "reference_images"}
-                fh.write(json.dumps(d) + "\n")
-        return {"n_sft": self.sft.data.n_train, "n_grpo": self.grpo.data.n_train, "n_eval": len(eval_tasks),
-                "source": self.sft.data.format, "eval_overlap_instructions": sum(t.id + t.instruction in train_ids for t in eval_tasks)}
+            for source, tasks in sets.items():
+                for t in tasks:
+                    d = t.to_dict()
+                    d["meta"] = {**{k: v for k, v in d["meta"].items() if k != "reference_images"}, "source": source}
+                    fh.write(json.dumps(d, default=str) + "\n")
+        out["n_eval"] = {source: len(tasks) for source, tasks in sets.items()}
+        out["eval_chains"] = {source: dict(Counter("+".join(t.expected_tools) for t in tasks)) for source, tasks in sets.items()}
+        return out
 
     def _evaluate(self, model_dir: Path, name: str, limit: int | None = None, sampled: bool = True) -> dict[str, Any]:
+        """All held-out tasks in one run; metrics overall and per source."""
         from canvasagent.models import load_policy, load_processor
         from canvasagent.training.common import workspace
         from canvasagent.training.evaluate import evaluate_model
@@ -151,16 +218,25 @@ class Pipeline:
         ws = workspace(self.sft)
         toolbox = ws.env_cls.toolbox()
         scorer = make_scorer(self.grpo.grpo.reward_preset, self.grpo.grpo.judge, toolbox)
-        tasks = self._eval_tasks()[:limit]
+        tasks, sources = [], []
+        for source, ts in self._eval_sets().items():
+            tasks += ts[:limit]
+            sources += [source] * len(ts[:limit])
+        index = {s: [i for i, x in enumerate(sources) if x == s] for s in dict.fromkeys(sources)}
         model, processor = load_policy(str(model_dir)), load_processor(str(model_dir))
         common = dict(scorer=scorer, toolbox=toolbox, tool_fns=ws.tool_fns, max_turns=self.grpo.grpo.max_turns,
                       max_new_tokens=self.cfg.eval_max_new_tokens, model=model, processor=processor)
-        res = evaluate_model(model_dir, tasks, out_dir=self.out / name / "trajectories", **common)
-        out = {"model": str(model_dir), "metrics": res.metrics, "per_task": res.scores, "scorer": scorer.source}
+        # Trajectories and per-task results under <stage>/greedy and <stage>/sampled: an
+        # interrupted evaluation stage resumes there.
+        res = evaluate_model(model_dir, tasks, out_dir=self.out / name / "greedy", **common)
+        out: dict[str, Any] = {"model": str(model_dir), "metrics": res.metrics, "per_task": res.scores, "scorer": scorer.source,
+                               "task_sources": sources, "by_source": {s: {"metrics": res.metrics_for(ix)} for s, ix in index.items()}}
         if sampled and self.cfg.eval_samples > 0:
-            smp = evaluate_model(model_dir, tasks, temperature=self.grpo.grpo.temperature, samples=self.cfg.eval_samples,
-                                 seed=self.cfg.seed, **common)
+            smp = evaluate_model(model_dir, tasks, out_dir=self.out / name / "sampled", temperature=self.grpo.grpo.temperature,
+                                 samples=self.cfg.eval_samples, seed=self.cfg.seed, **common)
             out.update(metrics_sampled=smp.metrics, per_task_sampled=smp.scores)
+            for s, ix in index.items():
+                out["by_source"][s]["metrics_sampled"] = smp.metrics_for(ix)
         return out
 
     def stage_eval_base(self) -> dict[str, Any]:

@@ -9,15 +9,16 @@ import os
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("pipeline", help="the main job: build data, SFT, GRPO, evaluate, report (resumable)")
     p.add_argument("--out", default="runs/main", help="run folder (rerunning resumes it)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sft-config", default="sft_tiny_cpu")
-    p.add_argument("--grpo-config", default="grpo_tiny_cpu")
-    p.add_argument("--n-eval", type=int, default=24, help="held-out evaluation tasks")
-    p.add_argument("--n-eval-base", type=int, default=8, help="held-out tasks for the untrained model (slow, scores ~0)")
-    p.add_argument("--data", choices=["scripted", "canvascraft"], default="scripted",
-                   help="scripted templated tasks, or a small offline CanvasCraft build")
+    p.add_argument("--config", default="default", help="configs/pipeline/<name>.yaml or a path; the flags below override it")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--sft-config")
+    p.add_argument("--grpo-config")
+    p.add_argument("--n-eval", type=int, help="held-out scripted tasks")
+    p.add_argument("--n-eval-base", type=int, help="held-out tasks per source for the untrained model (slow, scores ~0)")
+    p.add_argument("--data", choices=["mixed", "scripted", "canvascraft"],
+                   help="mixed (default): scripted tasks plus a small offline CanvasCraft build; or one of them")
     p.add_argument("--stage", action="append", help="run only these stages (repeatable)")
-    p.add_argument("--skip-base-eval", action="store_true")
+    p.add_argument("--skip-base-eval", action="store_true", default=None)
     p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="override an SFT config field")
     p.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE", help="override a GRPO config field")
     p.set_defaults(func=_run)
@@ -29,11 +30,11 @@ def _run(args: argparse.Namespace) -> int:
     from canvasagent.pipeline import PipelineConfig, run_pipeline
     from canvasagent.training.config import parse_override
 
-    cfg = PipelineConfig(
-        out=args.out, seed=args.seed, sft_config=args.sft_config, grpo_config=args.grpo_config, n_eval=args.n_eval, n_eval_base=args.n_eval_base,
-        sft_overrides=dict(parse_override(s) for s in args.sft_set),
-        grpo_overrides=dict(parse_override(s) for s in args.grpo_set),
-        skip_base_eval=args.skip_base_eval, data=args.data,
+    cfg = PipelineConfig.load(
+        args.config, out=args.out, seed=args.seed, sft_config=args.sft_config, grpo_config=args.grpo_config,
+        n_eval=args.n_eval, n_eval_base=args.n_eval_base, data=args.data, skip_base_eval=args.skip_base_eval,
+        sft_overrides=dict(parse_override(s) for s in args.sft_set) or None,
+        grpo_overrides=dict(parse_override(s) for s in args.grpo_set) or None,
     )
     results = run_pipeline(cfg, args.stage)
     report = results.get("report") or {}

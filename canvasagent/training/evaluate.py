@@ -1,8 +1,9 @@
-"""Held-out check of a trained policy: run episodes in the training layout, score them.
+"""Held-out check of a trained policy, through the one evaluation implementation.
 
-Metrics per task set: format validity (share of assistant turns the protocol parser finds no
-fault in), the rule score, the hybrid reward and its components (the same scorer GRPO
-optimises), and the share of tasks whose final image matches the reference (align >= 0.95).
+A thin adapter: it shows an in-memory HF policy the training layout (system text with the tool
+block) and runs it with `canvasagent.evaluation`'s runner (seeded sampling, saved and resumable
+trajectories) and metrics (`policy_metrics`: format validity, rule score, hybrid reward and its
+components, match rate). The scorer is the one GRPO optimises (`training.rewarding.make_scorer`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.evaluation.metrics import TaskResult, policy_metrics
+from canvasagent.policies.guards import GuardConfig
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory
 from canvasagent.training.messages import policy_messages, system_text
@@ -34,21 +36,47 @@ class LayoutPolicy:
         return self.inner.act(policy_messages(messages, self.system), episode)
 
 
+class _OnePolicy:
+    """The runner's policy factory for one policy object shared by every task (run in order)."""
+
+    def __init__(self, policy: Any):
+        self.policy = policy
+        self.name = policy.name
+
+    def for_task(self, task: Task | None = None) -> Any:
+        return self.policy
+
+
 @dataclass
 class EvalResult:
     metrics: dict[str, float]
-    trajectories: list[Trajectory]
-    scores: list[dict[str, float]]
+    results: list[TaskResult]  # per task, in task order
 
+    @property
+    def scores(self) -> list[dict[str, float]]:
+        """Per task (sampled: the mean over its episodes)."""
+        return [r.scores for r in self.results]
 
-def _means(scores: list[dict[str, float]]) -> dict[str, float]:
-    keys = dict.fromkeys(k for s in scores for k in s)  # sub-terms may appear only for some tasks
-    return {k: sum(s[k] for s in scores if k in s) / sum(k in s for s in scores) for k in keys}
+    def metrics_for(self, indices: list[int]) -> dict[str, float]:
+        """The same metrics over a subset of the tasks (e.g. one data source of a mixed set)."""
+        return policy_metrics([self.results[i] for i in indices])
 
 
 def format_validity(trajs: list[Trajectory]) -> float:
     turns = [t for tr in trajs for t in tr.turns]
     return sum(not t.findings for t in turns) / len(turns) if turns else 0.0
+
+
+def training_scorer(scorer: HybridScorer):
+    """Per episode: the reward components, their weighted total (`hybrid`) and the episode's format validity."""
+
+    def score(traj: Trajectory) -> dict[str, float]:
+        s = scorer.score(traj)
+        s["hybrid"] = scorer.total(s)
+        s["format_validity"] = format_validity([traj])
+        return s
+
+    return score
 
 
 def evaluate_model(
@@ -57,51 +85,33 @@ def evaluate_model(
     scorer: HybridScorer,
     toolbox: Any,
     tool_fns: list,
+    out_dir: str | Path,
     max_turns: int = 4,
     max_new_tokens: int = 96,
     family: str = "canvasagent",
-    out_dir: Path | None = None,
     temperature: float = 0.0,
     samples: int = 1,
     seed: int = 0,
     model: Any = None,
     processor: Any = None,
+    resume: bool = True,
 ) -> EvalResult:
-    """Greedy by default; with `temperature > 0`, `samples` episodes per task (scores averaged per task)."""
-    import torch
-
+    """Greedy by default; with `temperature > 0`, `samples` episodes per task (scores averaged per
+    task). Trajectories and per-task results go under `out_dir`; a rerun resumes there."""
+    from canvasagent.evaluation.runner import EvalConfig, EvalRunner
     from canvasagent.policies.hf_local import HFGenerationConfig, HFLocalPolicy
 
     inner = HFLocalPolicy(str(model_dir), HFGenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature),
                           model=model, processor=processor)
     policy = LayoutPolicy(inner, system_text(inner.processor, tool_fns, family))
-    cfg = EpisodeConfig(max_turns=max_turns, family=family, tools_in_system_prompt=False)
-    trajs, scores = [], []
+    cfg = EvalConfig(
+        workers=1, max_turns=max_turns, resume=resume, samples=samples if temperature > 0 else 1, seed=seed,
+        tools_in_system_prompt=False,
+        # No early stop on invalid replies: a weak checkpoint's format validity is what we measure.
+        guard=GuardConfig(max_consecutive_invalid=0),
+    )
     t0 = time.perf_counter()
-    k = samples if temperature > 0 else 1
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for i, task in enumerate(tasks):
-            per = []
-            for j in range(k):
-                traj = run_episode(policy, task, toolbox, cfg)
-                s = scorer.score(traj)
-                s["hybrid"] = scorer.total(s)
-                s["format_validity"] = format_validity([traj])
-                per.append(s)
-                trajs.append(traj)
-                if out_dir is not None and j == 0:
-                    traj.save(Path(out_dir) / f"{i:03d}_{task.id}")
-            scores.append(_means(per))
-    n = max(1, len(tasks))
-    metrics = {
-        **_means(scores),
-        "format_validity": format_validity(trajs),  # over all turns (not the mean of per-task shares)
-        "success": sum(s.get("align", 0.0) >= 0.95 for s in scores) / n,
-        "terminated": sum(t.terminated for t in trajs) / len(trajs) if trajs else 0.0,
-        "calls_per_task": sum(len(t.tool_sequence) for t in trajs) / len(trajs) if trajs else 0.0,
-        "n_tasks": float(len(tasks)),
-        "seconds": time.perf_counter() - t0,
-    }
+    results = EvalRunner(_OnePolicy(policy), training_scorer(scorer), out_dir, cfg, toolbox=toolbox).run(tasks)
+    metrics = {**policy_metrics(results), "seconds": time.perf_counter() - t0}
     log.info("eval %s: %s", model_dir, {k: round(v, 3) for k, v in metrics.items()})
-    return EvalResult(metrics, trajs, scores)
+    return EvalResult(metrics, results)

@@ -10,17 +10,26 @@ COLUMNS = ("format_validity", "rule", "hybrid", "align", "aes", "traj", "success
 ROWS = (("eval_base", "before SFT (base)"), ("eval_sft", "after SFT"), ("eval_grpo", "after GRPO"))
 
 
+def _stage_rows(r: dict[str, Any], label: str, field: str) -> list[tuple[str, dict[str, float]]]:
+    """All held-out tasks, then one row per data source when there is more than one."""
+    rows = [(label, r[field])] if field in r else []
+    by_source = r.get("by_source") or {}
+    if len(by_source) > 1:
+        rows += [(f"{label}: {source}", m[field]) for source, m in by_source.items() if field in m]
+    return rows
+
+
 def metrics_table(results: dict[str, Any], field: str = "metrics", suffix: str = "") -> tuple[str, dict[str, dict[str, float]]]:
     rows: dict[str, dict[str, float]] = {}
-    lines = ["| stage | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    lines = ["| stage | n | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
     for key, label in ROWS:
         r = results.get(key)
-        if not r or field not in r:
+        if not r:
             continue
-        label += suffix
-        m = r[field]
-        rows[label] = {c: m.get(c, float("nan")) for c in COLUMNS}
-        lines.append(f"| {label} | " + " | ".join(f"{m.get(c, float('nan')):.3f}" for c in COLUMNS) + " |")
+        for name, m in _stage_rows(r, label + suffix, field):
+            rows[name] = {c: m.get(c, float("nan")) for c in COLUMNS}
+            n = int(m.get("n_tasks", 0))
+            lines.append(f"| {name} | {n} | " + " | ".join(f"{m.get(c, float('nan')):.3f}" for c in COLUMNS) + " |")
     return "\n".join(lines), rows
 
 
@@ -43,7 +52,8 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
     md = [
         "# CanvasAgent pipeline report",
         "",
-        "Held-out tasks, offline judges "
+        f"Held-out tasks ({', '.join((results.get('data') or {}).get('sources') or ['scripted'])}; rows per source "
+        "follow the all-tasks row), offline judges "
         f"(scorer: {next((v.get('scorer') for v in results.values() if v and v.get('scorer')), 'n/a')}).",
         "",
         "Greedy decoding:",

@@ -3,27 +3,76 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from canvasagent.cli import main
+from canvasagent.config import make_toolbox
+from canvasagent.pipeline import PipelineConfig
+
+DEFAULT_YAML = Path(__file__).parents[2] / "configs" / "pipeline" / "default.yaml"
 
 
-@pytest.mark.slow
-def test_pipeline_command_runs_and_resumes(tmp_path, capsys):
-    argv = ["pipeline", "--out", str(tmp_path / "main"), "--n-eval", "2",
+def _tiny_argv(out, config=None) -> list[str]:
+    return ["pipeline", "--out", str(out), "--n-eval", "2", *(["--config", str(config)] if config else []),
             "--sft-set", "optim.max_steps=2", "--sft-set", "data.n_train=4", "--sft-set", "run.save_steps=0", "--sft-set", "run.logging_steps=1",
             "--grpo-set", "optim.max_steps=1", "--grpo-set", "data.n_train=2", "--grpo-set", "run.save_steps=0",
             "--grpo-set", "grpo.max_completion_length=64", "--grpo-set", "grpo.max_turns=2", "--n-eval-base", "1"]
-    assert main(argv) == 0
+
+
+def test_default_config_is_the_mixed_main_job():
+    cfg = PipelineConfig.load()
+    assert cfg.data == "mixed" and cfg.sources == ("scripted", "canvascraft")
+    # The YAML and the dataclass defaults (used by benchmarks) describe the same job.
+    assert cfg == PipelineConfig()
+    with pytest.raises(ValueError, match="unknown pipeline data"):
+        PipelineConfig.load(data="easel")
+
+
+@pytest.mark.slow
+def test_pipeline_mixed_builds_canvascraft_trains_on_both_and_reports_per_source(tmp_path, capsys):
+    # The default config with a CanvasCraft build small enough for a test: single-tool chains
+    # over a pure tool and a real offline model tool (OCR).
+    cfg = yaml.safe_load(DEFAULT_YAML.read_text())
+    cfg.update(cc_sft_n=3, cc_rl_n=2, cc_eval_n=2, cc_mix={"single": 0, "hard": 0, "Flip": 1, "OCR": 1})
+    (tmp_path / "pipe.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "main"
+    argv = _tiny_argv(out, tmp_path / "pipe.yaml")
+    assert main(argv) == 0
     for stage in ("data", "eval_base", "sft", "eval_sft", "grpo", "eval_grpo", "report"):
         assert (out / stage / "done.json").exists(), stage
+    data = json.loads((out / "data" / "done.json").read_text())
+    assert data["sources"] == ["scripted", "canvascraft"] and data["n_eval"] == {"scripted": 2, "canvascraft": 2}
+    assert set(data["eval_chains"]["canvascraft"]) <= {"Flip", "OCR"}
+    # Both sources reach training: the CanvasCraft rows plus the scripted ones.
+    from canvasagent.training.config import TrainConfig
+    from canvasagent.training.data import grpo_rows
+
+    grpo_cfg = TrainConfig.load("grpo_tiny_cpu", {"data.format": "mixed", "data.path": str(out / "data/canvascraft/rl"), "data.n_train": 2})
+    tasks = [json.loads(r["task"]) for r in grpo_rows(grpo_cfg, lambda: make_toolbox("offline"))]
+    assert len(tasks) == 4 and sum(t["id"].startswith("rl-train") for t in tasks) == 2
+    ev = json.loads((out / "eval_sft" / "done.json").read_text())
+    assert ev["metrics"]["n_tasks"] == 4 and {s: m["metrics"]["n_tasks"] for s, m in ev["by_source"].items()} == {"scripted": 2, "canvascraft": 2}
     metrics = json.loads((out / "report" / "metrics.json").read_text())["metrics"]
-    assert {"before SFT (base)", "after SFT", "after GRPO", "after SFT [sampled]", "after GRPO [sampled]"} == set(metrics)
-    assert (out / "report" / "report.md").read_text().count("|") > 10
+    for stage in ("after SFT", "after GRPO"):
+        for suffix in ("", " [sampled]"):
+            assert {f"{stage}{suffix}", f"{stage}{suffix}: scripted", f"{stage}{suffix}: canvascraft"} <= set(metrics)
+    assert "before SFT (base): canvascraft" in metrics
+    report = (out / "report" / "report.md").read_text()
+    assert "after GRPO: canvascraft" in report
     assert (out / "report" / "sft_curves.png").exists() and (out / "report" / "grpo_curves.png").exists()
     capsys.readouterr()
     # A rerun skips every finished stage (and only redraws the report).
     assert main(argv) == 0
     assert json.loads((out / "sft" / "done.json").read_text())["global_step"] == 2
+
+
+@pytest.mark.slow
+def test_pipeline_scripted_only_runs(tmp_path):
+    out = tmp_path / "main"
+    assert main(_tiny_argv(out) + ["--data", "scripted"]) == 0
+    metrics = json.loads((out / "report" / "metrics.json").read_text())["metrics"]
+    # One source: no per-source rows.
+    assert {"before SFT (base)", "after SFT", "after GRPO", "after SFT [sampled]", "after GRPO [sampled]"} == set(metrics)
