@@ -74,6 +74,24 @@ def test_only_assistant_tokens_are_trained(tiny_qwen3vl_dir, tmp_path):
     assert batch["pixel_values"].shape[0] > 0 and batch["image_grid_thw"].shape[0] >= 2  # input + tool images
 
 
+def test_shipped_schedule_warms_up_then_decays_to_zero(tiny_qwen3vl_dir, tmp_path):
+    """The shipped SFT config reaches TRL's scheduler as warmup + decay over the full run: a
+    constant rate left the final weights wherever the last noisy step put them (issue 5)."""
+    from canvasagent.training.sft import build_sft_trainer
+
+    shipped = TrainConfig.load("sft_tiny_cpu").optim
+    n = shipped.max_steps
+    trainer, _, _ = build_sft_trainer(_cfg(tmp_path, tiny_qwen3vl_dir, **{"optim.max_steps": n}))
+    trainer.create_optimizer_and_scheduler(num_training_steps=n)
+    factor = trainer.lr_scheduler.lr_lambdas[0]  # multiplier of the peak rate at a step
+    warmup = trainer.args.get_warmup_steps(n)
+    assert 0 < warmup < n // 4
+    assert factor(0) == 0.0 and factor(warmup) == pytest.approx(1.0)
+    after = [factor(s) for s in range(warmup, n + 1)]
+    assert all(b <= a for a, b in zip(after, after[1:]))
+    assert factor(n - 1) < 0.01 and trainer.optimizer.defaults["lr"] == shipped.learning_rate
+
+
 def test_checkpoints_and_final_reload(sft_run):
     out, summary = sft_run
     for ckpt in (out / "checkpoint-2", out / "checkpoint-4", Path(summary["final"])):
