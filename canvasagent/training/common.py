@@ -147,31 +147,8 @@ def common_trl_args(cfg: TrainConfig, with_deepspeed: bool = True) -> dict[str, 
     )
     if with_deepspeed and r.deepspeed:
         args["deepspeed"] = str(cfg.resolve(r.deepspeed))
-    if cfg.kind == "grpo" and not cfg.grpo.use_vllm:
-        suppress = vision_pad_token_ids(cfg)
-        if suppress:
-            args["generation_kwargs"] = {"suppress_tokens": suppress}
     args.update(cfg.trl_args)
     return args
-
-
-def vision_pad_token_ids(cfg: TrainConfig) -> list[int]:
-    """The image and video placeholder token ids of the policy's config (empty when unknown).
-
-    TRL suppresses only the image token while sampling. A sampled `<|video_pad|>` (a random or
-    young policy does sample it: ~1/1800 per token on the tiny model) puts a video position in
-    the loss forward without a video grid, and Qwen3-VL's rope index crashes ("'NoneType' object
-    is not an iterator", the crash seen in GRPO runs). Neither token is ever a valid reply.
-    """
-    from transformers import AutoConfig
-
-    try:
-        mc = AutoConfig.from_pretrained(resolve_model_path(cfg, build=False))
-    except (OSError, ValueError) as e:  # not built / not cached yet (dry runs): TRL's default stays
-        log.debug("no model config for suppress_tokens: %s", e)
-        return []
-    ids = [getattr(mc, k, None) for k in ("image_token_id", "video_token_id")]
-    return [int(i) for i in ids if i is not None]
 
 
 def last_checkpoint(out: Path) -> str | None:
