@@ -53,8 +53,7 @@ pixel centre ``x``:
 
 Strokes are evaluated only inside the bounding box of their control hull
 grown by the larger radius + 1 px (alpha is exactly 0 outside), with numpy
-(:mod:`canvasagent.easel.render_np`); a batch of strokes shares one compacted
-search. The torch path (:func:`stroke_alpha`, differentiable) takes the same
+(:mod:`canvasagent.easel.render_np`). The torch path (:func:`stroke_alpha`, differentiable) takes the same
 ``t*`` from there; with explicit ``k``/``golden_steps`` it instead uses a
 cheaper approximate search (``k`` coarse samples, golden-section refinement
 around the best; it can settle on the lower of two maxima), which only the
@@ -327,9 +326,9 @@ def stroke_alpha(params: torch.Tensor, h: int, w: int, *, x_off: int = 0, y_off:
         if k is None and golden_steps is None:
             pn = params.detach().cpu().numpy()
             win = (x_off, y_off, x_off + cw, y_off + ch)
-            ts = render_np.tstar_windows(pn, h, w, [win] * len(pn), R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES,
-                                         NEWTON_STEPS)
-            tstar = torch.from_numpy(np.stack([t for t, _ in ts]) if ts else np.zeros((0, ch, cw), np.float32))
+            ts = [render_np.tstar_window(p, h, w, win, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)[0]
+                  for p in pn]
+            tstar = torch.from_numpy(np.stack(ts) if ts else np.zeros((0, ch, cw), np.float32))
             tstar = tstar.to(device=dev, dtype=dt)
         else:
             geo_ng = tuple(g.detach() for g in geo)
@@ -357,9 +356,8 @@ def composite(canvas: torch.Tensor, alpha: torch.Tensor, color: torch.Tensor) ->
 def render_batch_onto(canvas: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     """Apply each of B strokes independently to the same canvas (3,H,W) -> (B,3,H,W).
 
-    This is the batched-proposal path used by greedy search. Without
-    gradients each stroke is rendered only inside its bounding box, all
-    strokes' t* searches in one batch (:func:`render_np.tstar_windows`).
+    This is the batched-proposal path used by greedy search; without
+    gradients it is :func:`render_batch_np`.
     """
     _, h, w = canvas.shape
     if params.requires_grad:
@@ -368,17 +366,8 @@ def render_batch_onto(canvas: torch.Tensor, params: torch.Tensor) -> torch.Tenso
             a = stroke_alpha(params[s:e], h, w)
             outs.append(composite(canvas.unsqueeze(0), a, params[s:e, 10:13]))
         return torch.cat(outs, 0)
-    out = canvas.unsqueeze(0).repeat(params.shape[0], 1, 1, 1)
-    pn = params.detach().cpu().numpy().astype(np.float32)
-    wins = [_bbox(p, h, w) for p in pn]
-    live = [i for i, (x0, y0, x1, y1) in enumerate(wins) if x1 > x0 and y1 > y0]
-    alphas = render_np.stroke_alpha_windows(pn[live], h, w, [wins[i] for i in live], R_MIN_PX, R_MAX_FRAC,
-                                            SEARCH_SAMPLES, NEWTON_STEPS)
-    for i, a in zip(live, alphas):
-        x0, y0, x1, y1 = wins[i]
-        a = torch.from_numpy(a).to(canvas.device)
-        out[i, :, y0:y1, x0:x1] = composite(canvas[:, y0:y1, x0:x1], a, params[i, 10:13])
-    return out
+    out = render_batch_np(canvas.detach().permute(1, 2, 0).cpu().numpy(), params.detach().cpu().numpy())
+    return torch.from_numpy(out).to(canvas.device).permute(0, 3, 1, 2)
 
 
 def render_sequence(params: torch.Tensor, h: int, w: int, canvas: torch.Tensor | None = None,
@@ -417,7 +406,7 @@ def _bbox(p: np.ndarray, h: int, w: int) -> tuple[int, int, int, int]:
 
 
 def _alpha_window_np(p: np.ndarray, h: int, w: int, win: tuple[int, int, int, int]) -> np.ndarray:
-    return render_np.stroke_alpha_windows([p], h, w, [win], R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)[0]
+    return render_np.stroke_alpha_window(p, h, w, win, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
 
 
 def alpha_np(params: Sequence[float] | np.ndarray, h: int, w: int | None = None) -> np.ndarray:
@@ -439,17 +428,23 @@ def apply_stroke(canvas: np.ndarray, params: Sequence[float] | np.ndarray) -> np
     x0, y0, x1, y1 = win = _bbox(p, h, w)
     if x1 <= x0 or y1 <= y0:
         return out
-    a = _alpha_window_np(p, h, w, win)
-    # Composite in place on the window, C += (c - C) A, with each window row as
-    # one run of (x, channel) values: a trailing axis of 3 makes numpy loop in
-    # runs of 3 elements, ~3x slower. Rows of a C-order canvas are contiguous,
-    # so the reshape is a view.
+    _composite_window(out, _alpha_window_np(p, h, w, win), p[10:13], win)
+    return out
+
+
+def _composite_window(out: np.ndarray, a: np.ndarray, color: np.ndarray, win: tuple[int, int, int, int]) -> None:
+    """In place on a C-order (H, W, 3) canvas: C += (c - C) A inside ``win``.
+
+    Each window row is one run of (x, channel) values: a trailing axis of 3
+    makes numpy loop in runs of 3 elements, ~3x slower. Rows of a C-order
+    canvas are contiguous, so the reshape is a view.
+    """
+    x0, y0, x1, y1 = win
     nh, nw = y1 - y0, x1 - x0
     win_px = out[y0:y1, x0:x1].reshape(nh, nw * 3)
-    d = np.tile(p[10:13], nw) - win_px
+    d = np.tile(color, nw) - win_px
     d *= np.repeat(a, 3, axis=1)
     win_px += d
-    return out
 
 
 def render_strokes(strokes: Sequence[Sequence[float]] | np.ndarray, h: int, w: int | None = None,
@@ -463,11 +458,21 @@ def render_strokes(strokes: Sequence[Sequence[float]] | np.ndarray, h: int, w: i
 
 
 def render_batch_np(canvas: np.ndarray, params: np.ndarray) -> np.ndarray:
-    """Batch of independent strokes on one canvas: (B, H, W, 3)."""
-    c = torch.from_numpy(np.ascontiguousarray(canvas, dtype=np.float32)).permute(2, 0, 1)
-    with torch.no_grad():
-        out = render_batch_onto(c, torch.as_tensor(np.asarray(params, dtype=np.float32)))
-    return out.permute(0, 2, 3, 1).numpy()
+    """Batch of independent strokes on one canvas: (B, H, W, 3).
+
+    Each stroke is rendered in its bounding box and composited in numpy
+    (per-stroke torch ops cost more than the arithmetic here).
+    """
+    base = np.ascontiguousarray(canvas, dtype=np.float32)
+    pn = np.asarray(params, dtype=np.float32).reshape(-1, N_PARAMS)
+    h, w = base.shape[:2]
+    out = np.empty((pn.shape[0], h, w, 3), np.float32)
+    out[:] = base
+    wins = [_bbox(p, h, w) for p in pn]
+    for i, (p, win) in enumerate(zip(pn, wins)):
+        if win[2] > win[0] and win[3] > win[1]:
+            _composite_window(out[i], _alpha_window_np(p, h, w, win), p[10:13], win)
+    return out
 
 
 def to_uint8(img: np.ndarray) -> np.ndarray:

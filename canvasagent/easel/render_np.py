@@ -5,9 +5,10 @@ It computes the rasterisation documented in :mod:`canvasagent.easel.render`
 polish). Why numpy: for one stroke on a small canvas the work per array op is
 tiny, and torch's per-op dispatch (~5 us) cost more than the arithmetic;
 numpy's overhead is several times lower and pixels can be compacted cheaply,
-so the expensive steps run only where they change the result. Strokes given
-together (a batch) share the compacted search: its ~100 array ops then run
-once for all strokes instead of once per stroke.
+so the expensive steps run only where they change the result. (Batching the
+compacted search across strokes, with per-pixel stroke coefficients, was
+measured ~6% slower than one stroke at a time at 128^2: the coefficient
+gathers and concatenations cost more than the saved call overhead.)
 
 The torch path in :mod:`canvasagent.easel.render` takes ``t*`` from here too
 (``t*`` carries no gradient) and evaluates the differentiable ``g(t*)`` itself.
@@ -15,14 +16,10 @@ The torch path in :mod:`canvasagent.easel.render` takes ``t*`` from here too
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import numpy as np
 
 _F32 = np.float32
-# Elements per batched basin-search call (see tstar_windows).
-_SEARCH_CHUNK = 1 << 14
-_GROUP_PIXELS = 1 << 17
 
 
 def bbox(p: np.ndarray, h: int, w: int, r_min: float, r_max_frac: float) -> tuple[int, int, int, int]:
@@ -44,11 +41,13 @@ class Geometry:
     (|A|^2 + 2 E.C) t + E.A``; after dividing by the leading coefficient and
     substituting ``t = s - shift`` the depressed cubic ``s^3 + P s + Q`` has
     P/3 and Q/2 affine in the pixel position (one add per pixel each).
-    Fields are Python floats for one stroke; :meth:`per_element` gives the
-    per-pixel arrays the batched search uses.
+    Fields are Python floats.
     """
 
     FIELDS = ("ax", "ay", "cx", "cy", "r0", "dr")
+
+    def take(self, sel) -> "Geometry":
+        return self  # scalars: the same for every compacted pixel
 
     def __init__(self, p, h: int, w: int, r_min: float, r_max_frac: float):
         p = [float(v) for v in p]
@@ -76,16 +75,6 @@ class Geometry:
             self.q_c = (2 * a2 ** 3 / 27 - a2 * aa / (3 * c3)) / 2
             self.q_x = (self.ax / c3 - a2 * 2 * self.cx / (3 * c3)) / 2
             self.q_y = (self.ay / c3 - a2 * 2 * self.cy / (3 * c3)) / 2
-
-
-class _Coef:
-    """Per-element geometry (arrays aligned with the compacted pixels)."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
-
-    def take(self, sel) -> "_Coef":
-        return _Coef(**{k: v[sel] for k, v in self.__dict__.items()})
 
 
 def _dist(t, ex, ey, gm):
@@ -236,12 +225,13 @@ def search_basins(root, d_root, lo, hi, ex, ey, tb, gb, gm, samples: int, newton
 
 
 class _Pending:
-    """One stroke's pixels that need the basin search, before batching."""
+    """One stroke's pixels that need the basin search: their flat indices and,
+    per basin, (positions among them, root, root distance, bracket lo/hi, E)."""
 
-    __slots__ = ("t", "g", "idx", "parts")
+    __slots__ = ("idx", "parts")
 
-    def __init__(self, t, g, idx, parts):
-        self.t, self.g, self.idx, self.parts = t, g, idx, parts
+    def __init__(self, idx, parts):
+        self.idx, self.parts = idx, parts
 
 
 def _prepare(gm: Geometry, win: tuple[int, int, int, int]):
@@ -304,64 +294,26 @@ def _prepare(gm: Geometry, win: tuple[int, int, int, int]):
             else:
                 lo[inf] = tmid[kk]
                 parts.append((inf, t2[kk], d2[kk], np.zeros(kk.size, _F32), t2[kk], ix[inf], iy[inf]))
-    return best_t, g, _Pending(best_t, g, idx, parts)
+    return best_t, g, _Pending(idx, parts)
 
 
-def tstar_windows(strokes: Sequence, h: int, w: int, wins: Sequence[tuple[int, int, int, int]], r_min: float,
-                  r_max_frac: float, samples: int, newton_steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(t*, g(t*)) float32 (H_i, W_i) of each stroke in its window.
-
-    The per-stroke work is the closed-form part (a few dozen array ops); the
-    basin searches of all strokes run as one batch over their compacted
-    pixels, with per-element geometry.
-    """
-    out, pend, geos = [], [], []
-    for p, win in zip(strokes, wins):
-        gm = Geometry(p, h, w, r_min, r_max_frac)
-        t, g, pe = _prepare(gm, win)
-        out.append((t, g))
-        if pe is not None:
-            pend.append(pe)
-            geos.append(gm)
-    if not pend or samples + newton_steps <= 0:
-        return out
-    # one batch: every basin part of every pending stroke, concatenated
-    cols = [[] for _ in range(7)]
-    owner, second, offs, tot = [], [], [], 0
-    for s, pe in enumerate(pend):
-        offs.append(tot)
-        for j, part in enumerate(pe.parts):
-            for c, v in zip(cols, part):
-                c.append(v + tot if c is cols[0] else v)
-            owner.append(np.full(part[0].size, s, np.intp))
-            # part 0 holds every pending pixel once; later parts (the second
-            # basin of fold pixels) repeat some of them
-            second.append(np.full(part[0].size, j > 0))
-        tot += pe.idx.size
-    pos, root, d_root, lo, hi, ex, ey = (np.concatenate(c) for c in cols)
-    owner = np.concatenate(owner)
-    per = {f: np.array([getattr(gm, f) for gm in geos], dtype=_F32) for f in Geometry.FIELDS}
-    gm_el = _Coef(**{f: v[owner] for f, v in per.items()})
-    # best so far of each pending pixel (pos indexes the concatenated pixels)
-    t_all = np.concatenate([pe.t.reshape(-1)[pe.idx] for pe in pend])
-    g_all = np.concatenate([pe.g.reshape(-1)[pe.idx] for pe in pend])
-    tb, gb = t_all[pos], g_all[pos]
-    # in chunks: the (samples, n) temporaries of a whole batch would not stay in cache
-    for a in range(0, pos.size, _SEARCH_CHUNK):
-        sl = slice(a, a + _SEARCH_CHUNK)
-        tb[sl], gb[sl] = search_basins(root[sl], d_root[sl], lo[sl], hi[sl], ex[sl], ey[sl], tb[sl], gb[sl],
-                                       gm_el.take(sl), samples, newton_steps)
-    # a pixel searched in two basins (a fold) appears twice: the first
-    # occurrence is stored, the second combined with it
-    second = np.concatenate(second)
-    t_all[pos[~second]], g_all[pos[~second]] = tb[~second], gb[~second]
-    dup = np.flatnonzero(second)
-    if dup.size:
-        t_all[pos[dup]], g_all[pos[dup]] = _best_of(t_all[pos[dup]], g_all[pos[dup]], tb[dup], gb[dup])
-    for s, pe in enumerate(pend):
-        a, b = offs[s], offs[s] + pe.idx.size
-        pe.t.reshape(-1)[pe.idx], pe.g.reshape(-1)[pe.idx] = t_all[a:b], g_all[a:b]
-    return out
+def tstar_window(p, h: int, w: int, win: tuple[int, int, int, int], r_min: float, r_max_frac: float,
+                 samples: int, newton_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """(t*, g(t*)) float32 (H, W) of one stroke in its window."""
+    gm = Geometry(p, h, w, r_min, r_max_frac)
+    t, g, pe = _prepare(gm, win)
+    if pe is None or samples + newton_steps <= 0:
+        return t, g
+    ft, fg = t.reshape(-1), g.reshape(-1)
+    tb, gb = ft[pe.idx], fg[pe.idx]
+    for sel, root, d_root, lo, hi, ex, ey in pe.parts:
+        if sel.size == tb.size:
+            tb, gb = search_basins(root, d_root, lo, hi, ex, ey, tb, gb, gm, samples, newton_steps)
+        else:  # a fold's second basin, from the first basin's result
+            tb[sel], gb[sel] = search_basins(root, d_root, lo, hi, ex, ey, tb[sel], gb[sel], gm, samples,
+                                             newton_steps)
+    ft[pe.idx], fg[pe.idx] = tb, gb
+    return t, g
 
 
 def alpha_from(t: np.ndarray, g: np.ndarray, p) -> np.ndarray:
@@ -372,20 +324,7 @@ def alpha_from(t: np.ndarray, g: np.ndarray, p) -> np.ndarray:
     return g
 
 
-def stroke_alpha_windows(strokes: Sequence, h: int, w: int, wins, r_min: float, r_max_frac: float, samples: int,
-                         newton_steps: int) -> list[np.ndarray]:
-    """Alpha (H_i, W_i) float32 of each 13-parameter stroke inside its window.
-
-    Strokes are batched in groups of up to ~2^17 window pixels: enough to
-    amortise the per-call overhead, small enough that the group's arrays
-    stay in cache (whole batches of large strokes ran 2x slower)."""
-    out: list[np.ndarray] = []
-    start, px = 0, 0
-    for i, (x0, y0, x1, y1) in enumerate(wins):
-        px += (x1 - x0) * (y1 - y0)
-        if px >= _GROUP_PIXELS or i == len(wins) - 1:
-            res = tstar_windows(strokes[start:i + 1], h, w, wins[start:i + 1], r_min, r_max_frac, samples,
-                                newton_steps)
-            out += [alpha_from(t, g, p) for (t, g), p in zip(res, strokes[start:i + 1])]
-            start, px = i + 1, 0
-    return out
+def stroke_alpha_window(p, h: int, w: int, win: tuple[int, int, int, int], r_min: float, r_max_frac: float,
+                        samples: int, newton_steps: int) -> np.ndarray:
+    """Alpha (y1-y0, x1-x0) float32 of one 13-parameter stroke inside window ``win``."""
+    return alpha_from(*tstar_window(p, h, w, win, r_min, r_max_frac, samples, newton_steps), p)
