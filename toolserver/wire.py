@@ -17,8 +17,10 @@ Two carriers, both free of codecs (PNG encoding of a 1024^2 image alone costs te
 A replica that cannot find a request's slot (it runs on another host) answers with
 `SHM_UNAVAILABLE`; callers then resend that call as arrays and stop using shm for that
 deployment. Every file belongs to the caller's pool, so a replica never creates or removes one:
-nothing is orphaned when a caller times out. PNG/base64 exists only at the HTTP edge
-(`toolserver.http_codec`).
+nothing is orphaned when a caller times out. A caller killed outright (SIGKILL, `ray.kill`, the
+OOM killer) never runs its cleanup, so each file's name carries its owner (host boot, PID
+namespace, PID and start time) and every new pool first removes the files of owners that are
+dead (`sweep_orphaned_slots`). PNG/base64 exists only at the HTTP edge (`toolserver.http_codec`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import logging
 import mmap
 import os
 import re
+import stat
 import threading
 import uuid
 import weakref
@@ -55,7 +58,13 @@ _RAW_DTYPES = {m: np.dtype(d) for m, d in {"L": "u1", "LA": "u1", "RGB": "u1", "
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "canvasagent-ts-"
-_SHM_NAME = re.compile(rf"{SHM_PREFIX}[0-9a-f]{{32}}")
+# A slot's name: SHM_PREFIX + "<boot id>-<pid namespace inode>-<pid>-<start time>-<random>", the
+# owner being the process whose pool created it (see `_owner_tag`). Names with no owner part
+# are the earlier scheme (and this one where /proc gives no identity): still accepted from
+# callers, never swept, since nothing proves their owner is gone (docs/serving.md has the
+# manual cleanup).
+_SHM_OWNED = re.compile(rf"{SHM_PREFIX}(?P<boot>[0-9a-f]{{32}})-(?P<ns>[0-9]{{1,20}})-(?P<pid>[0-9]{{1,10}})-(?P<start>[0-9]{{1,20}})-[0-9a-f]{{32}}")
+_SHM_NAME = re.compile(rf"{SHM_PREFIX}(?:[0-9a-f]{{32}}-[0-9]{{1,20}}-[0-9]{{1,10}}-[0-9]{{1,20}}-)?[0-9a-f]{{32}}")
 # Below this Ray inlines the bytes in the RPC message itself, which is as cheap as a file.
 SHM_MIN_BYTES = 64 * 1024
 SHM_UNAVAILABLE = "shm_unavailable"  # error code: the replica cannot see the caller's /dev/shm
@@ -133,6 +142,108 @@ class ShmMissing(Exception):
 
 def shm_available() -> bool:
     return SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK)
+
+
+def _start_time(pid: int | str) -> int | None:
+    """The process's start time in clock ticks after boot (field 22 of /proc/PID/stat); None
+    when no such process is running (a zombie counts as gone: it holds no mapping and will
+    never act again)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses; it ends at the last ")".
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+# (pid, tag) of the process the tag was made in: a forked child makes its own.
+_OWNER: tuple[int, str | None] | None = None
+
+
+def _owner_tag() -> str | None:
+    """"<boot id>-<pid namespace inode>-<pid>-<start time>" for this process, or None where
+    /proc cannot say who we are (then names carry no owner and are never swept).
+
+    The start time tells a recycled PID from the owner. The boot id names this host's kernel,
+    and the PID namespace says which process table the PID belongs to: containers on one host
+    share the kernel (one boot id) and may share /dev/shm (`--ipc=host`, a mounted volume) while
+    each has its own PIDs, so a sweep only judges names from its own namespace, where
+    /proc/PID is the owner's entry, and leaves every other container's files alone.
+    """
+    global _OWNER
+    pid = os.getpid()
+    if _OWNER is not None and _OWNER[0] == pid:
+        return _OWNER[1]
+    tag = None
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
+        ns = os.stat("/proc/self/ns/pid").st_ino
+        # /proc must be this namespace's own view (not a host /proc mounted into a container,
+        # say), or the PIDs a sweep looks up there would be another table's.
+        start = _start_time(pid) if os.readlink("/proc/self") == str(pid) else None
+        if re.fullmatch(r"[0-9a-f]{32}", boot) and start is not None:
+            tag = f"{boot}-{ns}-{pid}-{start}"
+    except (OSError, ValueError, IndexError):
+        pass
+    _OWNER = (pid, tag)
+    return tag
+
+
+def sweep_orphaned_slots(shm_dir: Path | None = None) -> int:
+    """Remove slot files whose owner process is dead; returns how many were removed.
+
+    Only files that prove to be ours and orphaned go: a name of the current scheme carrying
+    this host's boot id and this PID namespace, a regular file of this user, and an owner PID
+    that is not running or is running with another start time (a recycled PID). A live owner's
+    files, other containers' (another namespace), other users', earlier-scheme names and
+    anything else in the directory are never touched. Racing sweepers are harmless: a file one
+    of them removed is simply gone for the other, and a dead owner makes no new files.
+    """
+    shm_dir = SHM_DIR if shm_dir is None else shm_dir
+    tag = _owner_tag()
+    if tag is None:
+        return 0
+    boot, ns = tag.split("-")[:2]
+    ours = f"{SHM_PREFIX}{boot}-{ns}-"
+    try:
+        names = [n for n in os.listdir(shm_dir) if n.startswith(ours)]
+    except OSError:
+        return 0
+    alive: dict[tuple[int, int], bool] = {}
+    uid = os.geteuid()
+    removed = freed = 0
+    for name in names:
+        m = _SHM_OWNED.fullmatch(name)
+        if m is None:
+            continue
+        owner = (int(m["pid"]), int(m["start"]))
+        if owner not in alive:
+            try:
+                alive[owner] = _start_time(owner[0]) == owner[1]
+            except (OSError, ValueError, IndexError):
+                alive[owner] = True  # unreadable: not proven dead
+        if alive[owner]:
+            continue
+        path = shm_dir / name
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                continue
+            os.unlink(path)
+        except FileNotFoundError:  # another sweeper was first
+            continue
+        except OSError as e:
+            log.debug("cannot remove orphaned slot %s: %s", name, e)
+            continue
+        removed += 1
+        freed += st.st_size
+    if removed:
+        log.info("removed %d shared memory slot file(s) (%.1f MB) left by dead processes", removed, freed / 1e6)
+    return removed
 
 
 def _shm_path(name: str) -> Path:
@@ -246,7 +357,8 @@ class ShmSlot:
     """One file of the caller's pool, kept mapped so reuse costs a memcpy, not page faults."""
 
     def __init__(self) -> None:
-        self.name = SHM_PREFIX + uuid.uuid4().hex
+        tag = _owner_tag()
+        self.name = f"{SHM_PREFIX}{tag}-{uuid.uuid4().hex}" if tag else SHM_PREFIX + uuid.uuid4().hex
         # O_EXCL and 0600: never write through someone else's file or link.
         self.fd = os.open(SHM_DIR / self.name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self.mm: mmap.mmap | None = None
@@ -290,10 +402,14 @@ class ShmPool:
     """The caller's slots: taken per call, given back after it, removed on `close()`.
 
     A slot whose call timed out is removed, not reused, since its replica may still be using
-    it. Thread-safe: a toolbox serves many rollout threads.
+    it. Thread-safe: a toolbox serves many rollout threads. Creating a pool first sweeps the
+    files of dead owners (`sweep_orphaned_slots`): every process that makes slots (the
+    ingress, each `RayToolbox`) makes a pool, so a restarted ingress or client cleans up after
+    the one that was killed.
     """
 
     def __init__(self, max_free: int = 16, max_pooled_bytes: int = 64 * 1024 * 1024):
+        sweep_orphaned_slots()
         self.max_free, self.max_pooled_bytes = max_free, max_pooled_bytes
         self._free: list[ShmSlot] = []
         self._all: dict[str, ShmSlot] = {}

@@ -412,3 +412,34 @@ def test_slots_placement_puts_the_replica_on_its_planned_gpu(served):
     assert ray.cluster_resources()["toolgpu1"] == 1.0
     assert ray.available_resources().get("toolgpu1") == pytest.approx(0.8)
     assert ray.available_resources().get("toolgpu0") == pytest.approx(1.0)
+
+
+def test_a_killed_ingress_leaves_slots_that_its_successor_sweeps(served, http_box):
+    """`ray.kill` gives the ingress no cleanup (like SIGKILL or the OOM killer): its slot files
+    stay until Serve's replacement makes its pool, which sweeps the files of dead owners."""
+    from toolserver.serve_app import INGRESS_NAME
+    from toolserver.wire import _SHM_OWNED, SHM_DIR, SHM_PREFIX
+
+    prefix = f"SERVE_REPLICA::{served.app_name}#{INGRESS_NAME}#"
+    (name,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+    ingress = ray.get_actor(name, namespace="serve")
+    pid = ray.get(ingress.__ray_call__.remote(lambda self: os.getpid()), timeout=60)
+    big = Image.effect_noise((400, 300), 60).convert("RGB")  # over the shm threshold inside Ray
+    assert http_box.call(ToolRequest("Flip", {"image": "img_1"}, {"image": big})).ok
+    owned = [p for p in SHM_DIR.glob(SHM_PREFIX + "*") if (m := _SHM_OWNED.fullmatch(p.name)) and int(m["pid"]) == pid]
+    assert owned, "the ingress made no slots"
+
+    ray.kill(ingress, no_restart=True)
+    deadline = time.monotonic() + 120
+    while any(p.exists() for p in owned) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(p.exists() for p in owned)
+    (new,) = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+    assert new != name
+    # The successor serves (its own fresh slots).
+    while time.monotonic() < deadline:
+        if http_box.call(ToolRequest("Flip", {"image": "img_1"}, {"image": big})).ok:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail("no ingress answered after the kill")
