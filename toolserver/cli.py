@@ -44,7 +44,12 @@ def _serve(args: argparse.Namespace) -> int:
     import ray
 
     from toolserver.serve_app import deploy
+    from toolserver.wire import sweep_orphaned_slots
 
+    # The ingress sweeps its own node when it starts; this covers the host `serve` runs on,
+    # where clients of a previous server may have been killed (its ingress may land elsewhere).
+    if swept := sweep_orphaned_slots():
+        print(f"removed {swept} /dev/shm slot file(s) left by dead toolserver processes")
     if cfg.placement == "nodes" and args.address is None:
         print("error: placement: nodes needs a cluster of one Ray node per tool GPU (--address); see docs/serving.md", file=sys.stderr)
         return 1
