@@ -146,16 +146,17 @@ def shm_available() -> bool:
 
 def _start_time(pid: int | str) -> int | None:
     """The process's start time in clock ticks after boot (field 22 of /proc/PID/stat); None
-    when no such process is running (a zombie counts as gone: it holds no mapping and will
-    never act again)."""
+    when no such process is running. A zombie counts as gone (it holds no mapping and never
+    acts again, however long its parent takes to reap it), unless only its main thread has
+    exited: then /proc shows the leader as a zombie while the other threads still run."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
+        # The command name (field 2) may hold spaces and parentheses; it ends at the last ")".
+        fields = raw[raw.rindex(b")") + 2 :].split()
+        if fields[0] in (b"Z", b"X") and len(os.listdir(f"/proc/{pid}/task")) <= 1:
+            return None
     except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses; it ends at the last ")".
-    fields = raw[raw.rindex(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X"):
         return None
     return int(fields[19])
 
@@ -165,8 +166,8 @@ _OWNER: tuple[int, str | None] | None = None
 
 
 def _owner_tag() -> str | None:
-    """"<boot id>-<pid namespace inode>-<pid>-<start time>" for this process, or None where
-    /proc cannot say who we are (then names carry no owner and are never swept).
+    """This process's owner tag, "<boot id>-<pid namespace inode>-<pid>-<start time>", or None
+    where /proc cannot say who we are (then names carry no owner and are never swept).
 
     The start time tells a recycled PID from the owner. The boot id names this host's kernel,
     and the PID namespace says which process table the PID belongs to: containers on one host

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -37,8 +38,16 @@ pool.close()
 """
 
 
-def _child() -> tuple[subprocess.Popen, list[Path]]:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+# The same, but then its main thread ends while another thread runs on: /proc shows the
+# leader as a zombie although the process is alive.
+CHILD_LEADER_EXITS = CHILD.replace(
+    "sys.stdin.readline()",
+    "import ctypes, threading\nthreading.Thread(target=sys.stdin.readline).start()\nctypes.CDLL(None).pthread_exit(None)",
+)
+
+
+def _child(code: str = CHILD) -> tuple[subprocess.Popen, list[Path]]:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     assert proc.poll() is None, "the child died before making its slots"
     paths = [SHM_DIR / n for n in line.split()]
@@ -68,6 +77,22 @@ def test_a_killed_but_unreaped_owner_counts_as_dead():
         assert not any(p.exists() for p in paths)
     finally:
         proc.wait(timeout=30)
+
+
+def test_an_owner_whose_main_thread_exited_is_alive():
+    proc, paths = _child(CHILD_LEADER_EXITS)
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z":
+            assert time.monotonic() < deadline, "the main thread did not exit"
+            time.sleep(0.05)
+        sweep_orphaned_slots()
+        assert all(p.exists() for p in paths)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    sweep_orphaned_slots()
+    assert not any(p.exists() for p in paths)
 
 
 def test_a_live_owner_keeps_its_slots():
