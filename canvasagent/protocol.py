@@ -268,6 +268,21 @@ _CHAIN_RULES = {
     ),
 }
 
+# EASEL-Data (issue 8) teaches path coordinates as integers 0-1000; a policy trained on it is told
+# so (`render_system_prompt(..., coords="int1000")`), and its environment rescales them to the
+# registry's [0, 1] before the call is validated (`canvasagent.training.easel_env`,
+# `canvasagent.easel.agent.Int1000Coords`).
+_EASEL_INT1000_RULES = (
+    "## Painting rules\n"
+    "Each brush_stroke paints one stroke on the canvas; path coordinates are integers 0-1000 (fractions of the "
+    "canvas times 1000). Use undo to revert the last stroke and submit when the canvas is finished.\n"
+)
+_EASEL_INT1000_COORDINATES = (
+    "Path coordinates xs, ys, xc, yc, xe, ye are integers in 0-1000 (0,0 = top-left); radii, opacities and "
+    "colours are numbers in [0, 1]. "
+)
+COORD_FORMATS = ("unit", "int1000")
+
 _COORDINATES = {
     "canvasagent": "Coordinates are integers in 0-1000 (fractions of the image size times 1000). ",
     "easel": "Brush parameters are numbers in [0, 1] (coordinates as fractions of the canvas). ",
@@ -286,14 +301,22 @@ def render_tools_section(family: str = "canvasagent", names: list[str] | None = 
     return "## Tools (JSON schema)\n" + json.dumps(schemas, indent=2, ensure_ascii=False)
 
 
-def render_system_prompt(family: str = "canvasagent", names: list[str] | None = None, include_tools: bool = True) -> str:
-    """The system prompt, generated from the registry so it can never disagree with it."""
+def render_system_prompt(
+    family: str = "canvasagent", names: list[str] | None = None, include_tools: bool = True, coords: str = "unit"
+) -> str:
+    """The system prompt, generated from the registry so it can never disagree with it.
+
+    `coords="int1000"` (EASEL only) states the EASEL-Data convention: integer 0-1000 path coordinates.
+    """
     if family not in _ROLE:
         raise ValueError(f"unknown tool family {family!r}")
+    if coords not in COORD_FORMATS or (coords != "unit" and family != "easel"):
+        raise ValueError(f"coords={coords!r} is not a coordinate format of family {family!r}")
+    int1000 = coords == "int1000"
     parts = [_ROLE[family]]
     if include_tools:
         parts.append(render_tools_section(family, names))
-    parts.append(_CHAIN_RULES[family])
+    parts.append(_EASEL_INT1000_RULES if int1000 else _CHAIN_RULES[family])
     parts.append(
         "## Assets\n"
         "Input images are img_1, img_2, ... Each image-producing call saves its output as {Tool}_{k} "
@@ -301,7 +324,7 @@ def render_system_prompt(family: str = "canvasagent", names: list[str] | None = 
         "## Output format\n"
         f"Each turn: {REASON_OPEN}a brief reason{REASON_CLOSE}, then at most one "
         f'{CALL_OPEN}{{"name": "<tool>", "arguments": {{...}}}}{CALL_CLOSE}. '
-        + _COORDINATES[family]
+        + (_EASEL_INT1000_COORDINATES if int1000 else _COORDINATES[family])
         + f"When the task is done, reply with a {REASON_OPEN}…{REASON_CLOSE} and {TERMINATE}. No code fences."
     )
     return "\n\n".join(parts)

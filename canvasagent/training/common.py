@@ -73,7 +73,7 @@ def workspace(cfg: TrainConfig, build_model: bool = True) -> Workspace:
         # reward weights so make_scorer picks the EASEL scorer (S as the outcome).
         from canvasagent.training.easel_env import make_easel_env_class
 
-        env_cls = make_easel_env_class(max_turns, cfg.easel.reward_weights)
+        env_cls = make_easel_env_class(max_turns, cfg.easel.reward_weights, cfg.easel.coords)
         factory = env_cls._toolbox_factory
     else:
         factory = toolbox_factory(cfg)

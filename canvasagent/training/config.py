@@ -31,6 +31,7 @@ class DataSection:
     # sharegpt / rl-json: the public formats, read through canvascraft's readers.
     # mixed: scripted tasks (n_train, seed, ...) plus the CanvasCraft build at `path` (the main job).
     # easel: EASEL tasks made here (canvasagent/easel/tasks.py), settings in the `easel` section.
+    # easel-data: an EASEL-Data build at `path` (`canvasagent easel data`: c1.jsonl / c2.jsonl), SFT.
     format: str = "scripted"
     path: str | None = None
     n_train: int = 64  # scripted only
@@ -106,6 +107,11 @@ class EaselSection:
     # Component -> weight of the GRPO reward: easel_s (final S; semantic tasks: their score),
     # format / action (the rule reward's R_format / R_action), rule (R_rule with its penalties).
     reward_weights: dict[str, float] = field(default_factory=lambda: {"easel_s": 1.0, "format": 0.1, "action": 0.1})
+    # Path coordinates the policy writes: unit ([0, 1], the registry's) or int1000 (integers 0-1000,
+    # what EASEL-Data teaches). The prompt states it; the env rescales int1000 before validation.
+    coords: str = "unit"
+    # easel-data (SFT): which curriculum files of the build to read (C1 -> c1.jsonl, C2 -> c2.jsonl).
+    curricula: list[str] = field(default_factory=lambda: ["C1", "C2"])
 
 
 @dataclass
@@ -150,10 +156,18 @@ class TrainConfig:
     def validate(self) -> None:
         if self.kind not in ("sft", "grpo"):
             raise ValueError(f"kind must be sft or grpo, got {self.kind!r}")
-        if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json", "mixed", "easel"):
+        if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json", "mixed", "easel", "easel-data"):
             raise ValueError(f"unknown data.format {self.data.format!r}")
+        if self.easel.coords not in ("unit", "int1000"):
+            raise ValueError(f"easel.coords must be unit or int1000, got {self.easel.coords!r}")
         if self.data.format == "easel":
             self._validate_easel()
+        elif self.data.format == "easel-data":
+            if self.kind != "sft" or self.tools.family != "easel" or not self.data.path:
+                raise ValueError("data.format=easel-data is SFT data: kind sft, tools.family easel, data.path = the build")
+            bad = sorted(set(self.easel.curricula) - {"C1", "C2"})
+            if bad:
+                raise ValueError(f"easel.curricula: unknown {bad}; choose from C1, C2")
         elif self.data.format != "scripted" and not self.data.path:
             raise ValueError(f"data.format={self.data.format} needs data.path")
         if self.kind == "grpo":

@@ -51,6 +51,10 @@ def grpo_row(task: Task) -> dict[str, Any]:
 def sft_rows(cfg: TrainConfig, system: str, toolbox_factory: Callable[[], Any]) -> list[dict[str, Any]]:
     if cfg.data.format == "mixed":
         return [r for fmt in MIXED_SOURCES for r in sft_rows(source_config(cfg, fmt), system, toolbox_factory)]
+    if cfg.data.format == "easel-data":
+        from canvasagent.training import easel_env
+
+        return easel_env.sft_rows(cfg, system)
     if cfg.data.format == "scripted":
         from canvasagent.training.scripted import run_reference
 

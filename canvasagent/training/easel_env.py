@@ -16,6 +16,16 @@ The reward is scored from the finished episode: `easel_s` is the final canvas's 
 reference (`canvasagent.easel.metrics.similarity`; semantic tasks: the task's own score), next to
 the rule reward's format and action-validity terms (`rewards.rule.score_rule`, preset from
 `grpo.reward_preset`). Weights come from `easel.reward_weights` in the YAML.
+
+Coordinates (`easel.coords`): `unit` is the registry's [0, 1]; `int1000` is what EASEL-Data
+teaches (integer 0-1000 path coordinates). With `int1000` the system prompt says so
+(`render_system_prompt(coords="int1000")`) and `EaselEnv` divides the path coordinates by 1000
+before the runner validates the call against the registry, as the bench's `--coords int1000` does.
+
+SFT on an EASEL-Data build (`data.format: easel-data`, `sft_rows`): each next-stroke sample
+(reference R, canvas C_t -> stroke a_t) becomes a row in the layout GRPO renders: the same system
+text, a user turn `img_1:` R `img_2:` C_t with the GRPO instruction (for t > 0 it names the canvas
+as the one after t strokes), and the sample's reply as a structured `brush_stroke` call.
 """
 
 from __future__ import annotations
@@ -28,7 +38,9 @@ from typing import Any
 from PIL import Image
 
 from canvasagent.episode import Episode
+from canvasagent.protocol import render_system_prompt
 from canvasagent.training.env import CanvasEnv, make_env_class, task_from_row
+from toolserver.registry import BRUSH_PATH_PARAMS
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +108,108 @@ def agent_task_of(spec: dict[str, Any]):
     return t
 
 
+def with_coords(system: str, coords: str) -> str:
+    """A system text (base prompt, with or without the template's tool block) for `coords`.
+
+    SFT gets its system text from `messages.system_text` and GRPO its prompt from
+    `messages.prompt_messages`, both for the family's default (unit) convention; swapping the whole
+    base prompt here keeps the two byte-identical for int1000 too.
+    """
+    if coords == "unit":
+        return system
+    unit = render_system_prompt("easel", include_tools=False)
+    if unit not in system:
+        raise ValueError("the system text does not contain the EASEL base prompt; cannot set its coordinates")
+    return system.replace(unit, render_system_prompt("easel", include_tools=False, coords=coords))
+
+
 def grpo_rows(easel_cfg: Any) -> list[dict[str, Any]]:
     from canvasagent.training.data import grpo_row
 
     rows = [grpo_row(agent_task_of(s)) for s in task_specs(easel_cfg)]
     if not rows:
         raise ValueError("easel: no tasks (empty categories and semantic, or n_per_category 0)")
+    for row in rows:
+        system = row["prompt"][0]["content"][0]
+        system["text"] = with_coords(system["text"], easel_cfg.coords)
+    return rows
+
+
+# -- SFT on EASEL-Data --------------------------------------------------------------------------------
+
+
+def build_sft_data(easel_cfg: Any, out: Any, n_strokes: int | None = None, painter_cfg: Any = None,
+                   workers: int = 1) -> dict[str, int]:
+    """An EASEL-Data build (`canvasagent.easel.data.build_dataset`: the painter's trajectories) of the
+    configured reconstruction references, at `easel.resolution`; `n_strokes` defaults to the budget."""
+    from canvasagent.easel import data
+
+    refs = [(t.task_id, t.reference) for t in (easel_task(s) for s in task_specs(easel_cfg) if s["kind"] == "reconstruction")]
+    if not refs:
+        raise ValueError("easel: no reconstruction references to paint")
+    return data.build_dataset(refs, out, n_strokes=n_strokes or easel_cfg.budget or 32, painter_cfg=painter_cfg,
+                              workers=workers)
+
+
+def _int1000_to_unit(args: dict[str, Any]) -> dict[str, Any]:
+    """Path coordinates / 1000 (numbers only: anything else is left for the validator to refuse)."""
+    return {k: (v / 1000.0 if k in BRUSH_PATH_PARAMS and isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+            for k, v in args.items()}
+
+
+def sft_example(record: dict[str, Any], root: Any, system: str, budget: int | None, coords: str) -> dict[str, Any]:
+    """One EASEL-Data record (`canvasagent.easel.data`) as an SFT row in the GRPO layout."""
+    import numpy as np
+
+    from canvasagent.easel import agent, tasks
+    from canvasagent.protocol import format_reply, parse_reply
+    from canvasagent.tasks import Task
+    from canvasagent.training.messages import assistant_message, user_content
+
+    ref, canvas = (_load_rgb(root / p) for p in record["images"])
+    res, t = ref.size[0], int(record["step"])
+    steps = int(budget or record["n_strokes"])
+    easel_task = tasks.reference_task(np.asarray(ref, np.float32) / 255.0, budget=steps, task_id=str(record["ref_id"]))
+    text = agent.agent_task(easel_task, steps, easel_task.task_id).instruction  # GRPO's wording, bit for bit
+    if t > 0:
+        blank = f"img_2 the blank {res}x{res} canvas"
+        assert blank in text, text
+        text = text.replace(blank, f"img_2 the {res}x{res} canvas after {t} strokes")
+    reply = record["messages"][-1]["content"]
+    have = record.get("coord_format", "int1000")
+    if have != coords:
+        parsed = parse_reply(reply)
+        args = parsed.call.arguments
+        args = _int1000_to_unit(args) if have == "int1000" else {
+            k: (int(round(v * 1000)) if k in BRUSH_PATH_PARAMS else v) for k, v in args.items()}
+        reply = format_reply(parsed.reason or "", {"name": parsed.call.name, "arguments": args})
+    task = Task(text, [ref, canvas], id=f"{record['ref_id']}-{t:03d}", family="easel")
+    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}, {"role": "user", "content": user_content(task)},
+                assistant_message(reply)]
+    return {"messages": messages, "images": [ref, canvas]}
+
+
+def _load_rgb(path: Any) -> Image.Image:
+    with Image.open(path) as im:
+        # A copy holds the pixels only: `datasets` would otherwise store the file path.
+        return im.convert("RGB").copy()
+
+
+def sft_rows(cfg: Any, system: str) -> list[dict[str, Any]]:
+    """`data.format: easel-data`: the build at `data.path`, curricula `easel.curricula`, in file order."""
+    from pathlib import Path
+
+    root = Path(cfg.resolve(cfg.data.path))
+    system = with_coords(system, cfg.easel.coords)
+    rows: list[dict[str, Any]] = []
+    for cur in cfg.easel.curricula:
+        path = root / f"{cur.lower()}.jsonl"
+        with open(path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        rows += [sft_example(r, root, system, cfg.easel.budget, cfg.easel.coords) for r in records]
+    if not rows:
+        raise FileNotFoundError(f"no EASEL-Data samples in {root} (curricula {cfg.easel.curricula})")
+    log.info("EASEL-Data SFT: %d rows from %s (%s, coords %s)", len(rows), root, "+".join(cfg.easel.curricula), cfg.easel.coords)
     return rows
 
 
@@ -127,6 +235,8 @@ class EaselToolbox:
 
 class EaselEnv(CanvasEnv):
     """One EASEL rollout: `reset(**row)` opens a canvas session; tool methods come from the registry."""
+
+    coords = "unit"  # easel.coords; set by make_easel_env_class
 
     def __init__(self) -> None:
         super().__init__()
@@ -154,6 +264,9 @@ class EaselEnv(CanvasEnv):
         if ep.done:
             text = f"Error: the episode has ended ({ep.trajectory.stop_reason}); the canvas is final."
         else:
+            if self.coords == "int1000" and name == "brush_stroke" and isinstance(arguments, dict):
+                # The registry (and so the runner's validator) takes [0, 1]; the policy writes 0-1000.
+                arguments = _int1000_to_unit(arguments)
             res = ep.call_tool(name, arguments)
             text = "".join(p.get("text", "") for p in (res.observation or {}).get("content") or [] if p.get("type") == "text")
         # Always the canvas, also after a rejected stroke or an undo: the policy paints from what
@@ -188,10 +301,10 @@ class EaselEnv(CanvasEnv):
         return traj
 
 
-def make_easel_env_class(max_turns: int, reward_weights: dict[str, float]) -> type[EaselEnv]:
+def make_easel_env_class(max_turns: int, reward_weights: dict[str, float], coords: str = "unit") -> type[EaselEnv]:
     """`EaselEnv` with the registry's easel tool methods (generated by `env.make_env_class`)."""
     tools = make_env_class(None, lambda: EaselToolbox(reward_weights), max_turns, "easel")
-    return type("EaselToolEnv", (EaselEnv, tools), {})
+    return type("EaselToolEnv", (EaselEnv, tools), {"coords": coords})
 
 
 # -- reward -------------------------------------------------------------------------------------------
