@@ -4,8 +4,10 @@ Reports strokes/s for one stroke at a time and for a batch of 64 independent
 strokes on one canvas, at 128^2 and 512^2, for our renderer and for the
 Learning-to-Paint style reference (100 circles at 2x, downsampled), as medians
 over interleaved timing rounds of process CPU time (shared CPUs); and PSNR of
-both against a 4x-supersampled render (dense t sampling). Strokes are drawn
-uniformly from [0, 1]^13 (seeded). Single-threaded: run with OMP_NUM_THREADS=1.
+both against a 4x-supersampled render (dense t sampling); and the t* error of
+our alpha against the same stroke model with t* from dense sampling (4097 t),
+which is where folded strokes used to fail. Strokes are drawn uniformly from
+[0, 1]^13 (seeded). Single-threaded: run with OMP_NUM_THREADS=1.
 
     python benchmarks/easel_render.py [--quick]
 """
@@ -58,6 +60,25 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
 
 
+def dense_alpha(p: np.ndarray, h: int, n_t: int = 4097) -> np.ndarray:
+    """The stroke model with t* = argmax of g over n_t uniform t (ground truth for t*)."""
+    p = np.asarray(p, dtype=np.float64)
+    ts = np.linspace(0.0, 1.0, n_t)[:, None]
+    u = 1 - ts
+    span = h * render.R_MAX_FRAC - render.R_MIN_PX
+    bx = (u * u * p[0] + 2 * ts * u * p[2] + ts * ts * p[4]) * h
+    by = (u * u * p[1] + 2 * ts * u * p[3] + ts * ts * p[5]) * h
+    rr = u * (render.R_MIN_PX + p[6] * span) + ts * (render.R_MIN_PX + p[8] * span)
+    aa = (u * p[7] + ts * p[9])[:, 0]
+    px = np.arange(h) + 0.5
+    out = np.zeros((h, h))
+    for i in range(h):
+        g = rr - np.sqrt((px[None, :] - bx) ** 2 + (i + 0.5 - by) ** 2)
+        j = g.argmax(0)
+        out[i] = aa[j] * np.clip(g[j, np.arange(h)] + 0.5, 0, 1)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer strokes (smoke run)")
@@ -104,6 +125,17 @@ def main() -> None:
             ref = composite_np(ref, reference_alpha(p, size), p[10:13])
         ours = render.render_strokes(ps, size)
         print(f"| {size} | {n} | {psnr(ours, gt):.1f} | {psnr(ref, gt):.1f} |")
+
+    n_fold = 10 if args.quick else 40
+    errs, mses = [], []
+    for p in np.random.default_rng(0).random((n_fold, 13)).astype(np.float32):
+        d = render.alpha_np(p, 64) - dense_alpha(p, 64)
+        errs.append(float(np.abs(d).max()))
+        mses.append(float((d.astype(np.float64) ** 2).mean()))
+    errs_a = np.array(errs)
+    print(f"\nt* against dense sampling (4097 t), {n_fold} random strokes at 64^2: "
+          f"strokes with a pixel off by > 0.05: {int((errs_a > 0.05).sum())}, > 0.02: {int((errs_a > 0.02).sum())}, "
+          f"worst {errs_a.max():.3f}, PSNR {10 * np.log10(1 / max(np.mean(mses), 1e-20)):.1f} dB")
 
 
 if __name__ == "__main__":
