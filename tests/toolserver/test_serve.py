@@ -371,9 +371,15 @@ def test_raw_frames_at_the_http_edge(url, http_box, json_box, ray_box):
 
 
 def _shm_files() -> set[str]:
-    from toolserver.wire import SHM_DIR, SHM_PREFIX
+    """Slot files on this host, less those of dead owners: any new pool (another test run's,
+    say) may sweep those at any moment."""
+    from toolserver.wire import _SHM_OWNED, SHM_DIR, SHM_PREFIX, _start_time
 
-    return {p.name for p in SHM_DIR.glob(SHM_PREFIX + "*")}
+    def dead(name: str) -> bool:
+        m = _SHM_OWNED.fullmatch(name)
+        return m is not None and _start_time(m["pid"]) != int(m["start"])
+
+    return {p.name for p in SHM_DIR.glob(SHM_PREFIX + "*") if not dead(p.name)}
 
 
 def decode_image_b64(data: str) -> Image.Image:

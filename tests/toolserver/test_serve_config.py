@@ -264,7 +264,11 @@ def test_wire_request_and_result_round_trip():
 
 
 def _shm_files() -> set[str]:
-    return {p.name for p in SHM_DIR.glob(SHM_PREFIX + "*")}
+    """This process's slot files. Not the whole directory: every new pool sweeps dead owners'
+    files (a killed test run's, say), and other processes may share this /dev/shm."""
+    from toolserver.wire import _owner_tag
+
+    return {p.name for p in SHM_DIR.glob(f"{SHM_PREFIX}{_owner_tag() or ''}*")}
 
 
 needs_shm = pytest.mark.skipif(not shm_available(), reason="no writable /dev/shm")
