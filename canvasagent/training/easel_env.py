@@ -23,9 +23,11 @@ teaches (integer 0-1000 path coordinates). With `int1000` the system prompt says
 before the runner validates the call against the registry, as the bench's `--coords int1000` does.
 
 SFT on an EASEL-Data build (`data.format: easel-data`, `sft_rows`): each next-stroke sample
-(reference R, canvas C_t -> stroke a_t) becomes a row in the layout GRPO renders: the same system
-text, a user turn `img_1:` R `img_2:` C_t with the GRPO instruction (for t > 0 it names the canvas
-as the one after t strokes), and the sample's reply as a structured `brush_stroke` call.
+(reference R, canvas C_t -> stroke a_t) becomes the GRPO rollout that reaches C_t: the same system
+text and opening prompt (`img_1` R, `img_2` the blank canvas), the trajectory's earlier strokes as
+assistant calls each answered by this env's own tool reply (canvas image + text), then a_t. Rows of
+the first state only (R, C_t in the user turn) were tried first: the policy then wrote a valid
+first call and nothing valid after a tool reply, a context it had never seen.
 """
 
 from __future__ import annotations
@@ -157,36 +159,57 @@ def _int1000_to_unit(args: dict[str, Any]) -> dict[str, Any]:
             for k, v in args.items()}
 
 
-def sft_example(record: dict[str, Any], root: Any, system: str, budget: int | None, coords: str) -> dict[str, Any]:
-    """One EASEL-Data record (`canvasagent.easel.data`) as an SFT row in the GRPO layout."""
+def sft_example(record: dict[str, Any], root: Any, system: str, strokes: Any, env_cls: type[EaselEnv],
+                budget: int | None, coords: str) -> dict[str, Any] | None:
+    """One EASEL-Data record (`canvasagent.easel.data`) as an SFT row in the layout of a GRPO rollout.
+
+    A sample at state t (reference R, canvas C_t -> stroke a_t) is the rollout that reaches C_t: GRPO's
+    opening prompt (`img_1` R, `img_2` the blank canvas), then for each earlier stroke a_k its EASEL-Data
+    reply and the tool reply an `EaselEnv` gives for it (the canvas image and `stroke applied. step
+    k/B. S=...`), then a_t. So every turn the policy meets in GRPO, not only the first, is one SFT has
+    shown it. States at or past the budget do not occur in a GRPO episode: None.
+    """
     import numpy as np
 
-    from canvasagent.easel import agent, tasks
-    from canvasagent.protocol import format_reply, parse_reply
-    from canvasagent.tasks import Task
+    from canvasagent.easel import agent, data, tasks
     from canvasagent.training.messages import assistant_message, user_content
 
-    ref, canvas = (_load_rgb(root / p) for p in record["images"])
-    res, t = ref.size[0], int(record["step"])
-    steps = int(budget or record["n_strokes"])
-    easel_task = tasks.reference_task(np.asarray(ref, np.float32) / 255.0, budget=steps, task_id=str(record["ref_id"]))
-    text = agent.agent_task(easel_task, steps, easel_task.task_id).instruction  # GRPO's wording, bit for bit
-    if t > 0:
-        blank = f"img_2 the blank {res}x{res} canvas"
-        assert blank in text, text
-        text = text.replace(blank, f"img_2 the {res}x{res} canvas after {t} strokes")
-    reply = record["messages"][-1]["content"]
+    t, n = int(record["step"]), int(record["n_strokes"])
+    steps = int(budget or n)
+    if t >= steps:
+        return None
+    ref = _load_rgb(root / record["images"][0])
+    res = ref.size[0]
+    easel_t = tasks.reference_task(np.asarray(ref, np.float32) / 255.0, budget=steps, task_id=str(record["ref_id"]))
+    task = agent.agent_task(easel_t, steps, easel_t.task_id)  # GRPO's opening prompt, bit for bit
+    env = env_cls()
+    env._open(task, easel_t, steps)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": [{"type": "text", "text": system}]},
+                                      {"role": "user", "content": user_content(task)}]
+    images = list(task.images)
     have = record.get("coord_format", "int1000")
-    if have != coords:
-        parsed = parse_reply(reply)
-        args = parsed.call.arguments
-        args = _int1000_to_unit(args) if have == "int1000" else {
-            k: (int(round(v * 1000)) if k in BRUSH_PATH_PARAMS else v) for k, v in args.items()}
-        reply = format_reply(parsed.reason or "", {"name": parsed.call.name, "arguments": args})
-    task = Task(text, [ref, canvas], id=f"{record['ref_id']}-{t:03d}", family="easel")
-    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}, {"role": "user", "content": user_content(task)},
-                assistant_message(reply)]
-    return {"messages": messages, "images": [ref, canvas]}
+    for k in range(t):
+        reply = _in_coords(data.assistant_turn(strokes[k], k, n, res), have, coords)
+        msg = assistant_message(reply)
+        obs = env._call("brush_stroke", json.loads(msg["tool_calls"][0]["function"]["arguments"]))
+        messages += [msg, {"role": "tool", "name": "brush_stroke",
+                           "content": [{"type": "image"}, {"type": "text", "text": obs[1]["text"]}]}]
+        images.append(obs[0]["image"])
+    messages.append(assistant_message(_in_coords(record["messages"][-1]["content"], have, coords)))
+    return {"messages": messages, "images": images}
+
+
+def _in_coords(reply: str, have: str, want: str) -> str:
+    """An EASEL-Data reply with its path coordinates in the policy's convention."""
+    from canvasagent.protocol import format_reply, parse_reply
+
+    if have == want:
+        return reply
+    parsed = parse_reply(reply)
+    args = parsed.call.arguments
+    args = _int1000_to_unit(args) if have == "int1000" else {
+        k: (int(round(v * 1000)) if k in BRUSH_PATH_PARAMS else v) for k, v in args.items()}
+    return format_reply(parsed.reason or "", {"name": parsed.call.name, "arguments": args})
 
 
 def _load_rgb(path: Any) -> Image.Image:
@@ -199,14 +222,26 @@ def sft_rows(cfg: Any, system: str) -> list[dict[str, Any]]:
     """`data.format: easel-data`: the build at `data.path`, curricula `easel.curricula`, in file order."""
     from pathlib import Path
 
+    import numpy as np
+
     root = Path(cfg.resolve(cfg.data.path))
     system = with_coords(system, cfg.easel.coords)
+    with open(root / "trajectories.jsonl") as f:
+        strokes = {d["ref_id"]: np.asarray(d["strokes"], np.float64) for d in map(json.loads, f) if d}
+    env_cls = make_easel_env_class(cfg.grpo.max_turns, {}, cfg.easel.coords)
     rows: list[dict[str, Any]] = []
+    skipped = 0
     for cur in cfg.easel.curricula:
-        path = root / f"{cur.lower()}.jsonl"
-        with open(path) as f:
+        with open(root / f"{cur.lower()}.jsonl") as f:
             records = [json.loads(line) for line in f if line.strip()]
-        rows += [sft_example(r, root, system, cfg.easel.budget, cfg.easel.coords) for r in records]
+        for r in records:
+            ex = sft_example(r, root, system, strokes[r["ref_id"]], env_cls, cfg.easel.budget, cfg.easel.coords)
+            if ex is None:
+                skipped += 1
+            else:
+                rows.append(ex)
+    if skipped:
+        log.info("EASEL-Data SFT: %d samples at or past easel.budget=%s skipped", skipped, cfg.easel.budget)
     if not rows:
         raise FileNotFoundError(f"no EASEL-Data samples in {root} (curricula {cfg.easel.curricula})")
     log.info("EASEL-Data SFT: %d rows from %s (%s, coords %s)", len(rows), root, "+".join(cfg.easel.curricula), cfg.easel.coords)
@@ -244,19 +279,26 @@ class EaselEnv(CanvasEnv):
         self.session: Any = None
 
     def reset(self, **row: Any) -> None:
+        task = task_from_row(row)
+        spec = task.meta["easel"]
+        self._open(task, easel_task(spec), int(spec["budget"]))
+        return None  # the prompt already holds the reference and the canvas
+
+    def _open(self, task: Any, easel_task: Any, budget: int) -> None:
+        """A fresh episode of `easel_task` shown as `task` (SFT replays EASEL-Data prefixes through it).
+
+        Private: TRL offers every public method of an environment to the policy as a tool.
+        """
         from canvasagent.easel.agent import CanvasTools
         from canvasagent.easel.canvas import CanvasSession
 
-        task = task_from_row(row)
-        spec = task.meta["easel"]
-        self.easel_task = easel_task(spec)
-        self.session = CanvasSession.for_task(self.easel_task)
-        self.session.budget = int(spec["budget"])
+        self.easel_task = easel_task
+        self.session = CanvasSession.for_task(easel_task)
+        self.session.budget = int(budget)
         self.episode = Episode(self.toolbox(), self.episode_config, stateful=CanvasTools(self.session).handlers())
         self.episode.reset(task)
         self._trajectory = None
         self.scores = None
-        return None  # the prompt already holds the reference and the canvas
 
     def _call(self, name: str, arguments: dict[str, Any]) -> list[dict[str, Any]]:
         ep = self.episode

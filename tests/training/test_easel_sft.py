@@ -6,7 +6,9 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from canvasagent.easel.painter import PainterConfig
 from canvasagent.models import load_policy, load_processor
@@ -55,27 +57,36 @@ def test_sft_rows_are_the_grpo_layout_byte_for_byte(easel_data, processor, tiny_
     assert len(rows) == len(records)
 
     grpo_cfg = _grpo_cfg(tmp_path / "grpo")
-    by_ref = {json.loads(r["task"])["id"]: r for r in grpo_rows(grpo_cfg, workspace(grpo_cfg, build_model=False).toolbox_factory)}
-    # What TRL renders for GRPO: the row's prompt with the env's tool methods as `tools=`.
-    fns = tool_functions(None, "easel")
+    grpo_ws = workspace(grpo_cfg, build_model=False)
+    by_ref = {json.loads(r["task"])["id"]: r for r in grpo_rows(grpo_cfg, grpo_ws.toolbox_factory)}
+    fns = tool_functions(None, "easel")  # what TRL passes as `tools=`: the env's tool methods
     for row, rec in zip(rows, records):
         sft_msgs = fill_images({"messages": [row["messages"]], "images": [row["images"]]})["messages"][0]
         sft_text = processor.apply_chat_template(sft_msgs, tokenize=False)
+        # The GRPO rollout that reaches this state: the row's prompt, then each earlier call and the
+        # tool reply a real EaselEnv returns for it, rendered as TRL renders a multi-turn rollout.
         grpo_row = by_ref[rec["ref_id"]]
-        prompt = processor.apply_chat_template(grpo_row["prompt"], tools=fns, tokenize=False, add_generation_prompt=True)
-        if rec["step"] == 0:  # the first state is GRPO's opening prompt exactly
-            assert sft_text.startswith(prompt)
-            assert [im.tobytes() for im in row["images"]] == [im.tobytes() for im in grpo_row["images"]]
-        else:  # later states: same bytes up to the canvas line of the instruction
-            head = prompt.split("img_2 the blank")[0]
-            assert sft_text.startswith(head) and f"canvas after {rec['step']} strokes" in sft_text
+        env = grpo_ws.env_cls()
+        env.reset(**grpo_row)
+        rollout = list(grpo_row["prompt"])
+        for m in sft_msgs[2:-1]:
+            if m["role"] == "assistant":
+                fn = m["tool_calls"][0]["function"]
+                rollout += [m, {"role": "tool", "name": fn["name"], "content": env.brush_stroke(**fn["arguments"])}]
+        prompt = processor.apply_chat_template(rollout, tools=fns, tokenize=False, add_generation_prompt=True)
+        assert sft_text.startswith(prompt), rec["step"]
+        assert sum(m["role"] == "tool" for m in sft_msgs) == rec["step"]
+        assert [im.tobytes() for im in row["images"][:2]] == [im.tobytes() for im in grpo_row["images"]]
         assert INT_SENTENCE in sft_text and "coordinates as fractions" not in sft_text
-        reply = sft_text.split("<|im_start|>assistant\n")[-1].split("<|im_end|>")[0]
+        reply = sft_text[len(prompt):].split("<|im_end|>")[0]
         parsed = parse_reply(reply)
         assert not parsed.findings and parsed.call.name == "brush_stroke"
         expected = json.loads(rec["messages"][-1]["content"].split("<tool_call>")[1].split("</tool_call>")[0])
         assert parsed.call.arguments == expected["arguments"]  # EASEL-Data's integers, untouched
         assert all(isinstance(parsed.call.arguments[k], int) for k in ("xs", "ys", "xc", "yc", "xe", "ye"))
+        if rec["step"] == 3:  # the replayed canvas is the state EASEL-Data recorded (up to quantisation)
+            state = np.asarray(Image.open(easel_data / rec["images"][1]).convert("RGB"), np.float32)
+            assert np.abs(np.asarray(row["images"][-1], np.float32) - state).mean() < 2.0
     # The GRPO prompt states the same convention; the unit config keeps the registry's.
     assert INT_SENTENCE in prompt
     unit = TrainConfig.load("grpo_easel_tiny_cpu", {**EASEL, "run.output_dir": str(tmp_path / "u")})
@@ -125,18 +136,24 @@ def test_only_the_brush_stroke_call_is_trained(easel_data, tiny_qwen3vl_dir, tmp
 
     trainer, processor, _ = build_sft_trainer(_sft_cfg(easel_data, tmp_path, tiny_qwen3vl_dir))
     tok = processor.tokenizer
-    for i in (0, 5):
+    steps = [json.loads(x)["step"] for x in (easel_data / "c1.jsonl").read_text().splitlines()]
+    for i in (steps.index(0), steps.index(3)):
         batch = trainer.data_collator([trainer.train_dataset[i]])
         ids, labels = batch["input_ids"][0], batch["labels"][0]
         trained, masked = tok.decode(ids[labels != -100]), tok.decode(ids[labels == -100])
-        # Exactly the assistant turn: its reason and its one brush_stroke call, then the end of turn.
-        assert trained.startswith("<reason>") and trained.rstrip().endswith("</tool_call><|im_end|>")
-        call = parse_reply(trained.rstrip().removesuffix("<|im_end|>")).call
-        assert call.name == "brush_stroke" and isinstance(call.arguments["xs"], int)
-        for not_trained in ("img_1:", "img_2", "# Tools", "integers in 0-1000", "<|image_pad|>", "<|vision_start|>"):
+        # Exactly the assistant turns: each a reason and one brush_stroke call, then the end of turn.
+        turns = trained.split("<|im_end|>")[:-1]
+        assert len(turns) == steps[i] + 1
+        for turn in turns:
+            turn = turn.strip()
+            assert turn.startswith("<reason>") and turn.endswith("</tool_call>")
+            call = parse_reply(turn).call
+            assert call.name == "brush_stroke" and isinstance(call.arguments["xs"], int)
+        for not_trained in ("img_1:", "img_2", "# Tools", "integers in 0-1000", "<tool_response>", "stroke applied",
+                            "<|image_pad|>", "<|vision_start|>"):
             assert not_trained not in trained, not_trained
-        assert masked.count("<|image_pad|>") >= 2 and "<|im_start|>assistant" in masked  # reference and canvas
-        assert batch["image_grid_thw"].shape[0] == 2
+        assert masked.count("<|image_pad|>") >= 2 + steps[i] and masked.count("stroke applied") == steps[i]
+        assert batch["image_grid_thw"].shape[0] == 2 + steps[i]  # reference, blank canvas, one per tool reply
 
 
 def test_grpo_on_easel_starts_from_the_sft_checkpoint(sft_run, tmp_path):
