@@ -83,7 +83,9 @@ def workspace(cfg: TrainConfig, build_model: bool = True) -> Workspace:
         output_dir=output_dir(cfg),
         model_path=resolve_model_path(cfg, build=build_model),
         env_cls=env_cls,
-        tool_fns=tool_functions(cfg.tools.names or None, cfg.tools.family),
+        # In the order GRPO's prompt lists them: TRL collects an environment's tools with
+        # inspect.getmembers, i.e. sorted by name, and SFT's system text must be the same bytes.
+        tool_fns=sorted(tool_functions(cfg.tools.names or None, cfg.tools.family), key=lambda f: f.__name__),
         toolbox_factory=factory,
     )
 

@@ -30,7 +30,7 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
     except FileNotFoundError as e:
         warnings.append(f"tools config: {e}")
     ws = workspace(cfg, build_model=False)
-    report["tools"] = list(ws.env_cls.tool_names)
+    report["tools"] = sorted(ws.env_cls.tool_names)  # TRL lists an env's tools by name, as ws.tool_fns
     from transformers.utils import get_json_schema
 
     report["tool_schemas"] = [get_json_schema(f)["function"]["name"] for f in ws.tool_fns]

@@ -320,8 +320,12 @@ class EaselEnv(CanvasEnv):
 
         return to_pil(self.session.canvas)
 
-    def outcome(self) -> dict[str, Any]:
-        """The final canvas's scores (what the `easel_s` reward reads)."""
+    def _outcome(self) -> dict[str, Any]:
+        """The final canvas's scores (what the `easel_s` reward reads).
+
+        Private: TRL offers every public function of an environment class as a tool, and a public
+        `outcome` put a fourth tool into the GRPO prompt that SFT (the registry's three) never shows.
+        """
         sess, task = self.session, self.easel_task
         out: dict[str, Any] = {
             "kind": "reconstruction" if getattr(task, "reference", None) is not None else "semantic",
@@ -339,7 +343,7 @@ class EaselEnv(CanvasEnv):
         fresh = self._trajectory is None
         traj = super()._finalize(completion)
         if fresh:  # after the final reply was stepped through: the canvas is final now
-            traj.meta["easel"] = self.outcome()
+            traj.meta["easel"] = self._outcome()
         return traj
 
 

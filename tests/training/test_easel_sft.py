@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from pathlib import Path
@@ -59,7 +60,12 @@ def test_sft_rows_are_the_grpo_layout_byte_for_byte(easel_data, processor, tiny_
     grpo_cfg = _grpo_cfg(tmp_path / "grpo")
     grpo_ws = workspace(grpo_cfg, build_model=False)
     by_ref = {json.loads(r["task"])["id"]: r for r in grpo_rows(grpo_cfg, grpo_ws.toolbox_factory)}
-    fns = tool_functions(None, "easel")  # what TRL passes as `tools=`: the env's tool methods
+    # What TRL passes as `tools=`: every public function of the env class but `reset` (as
+    # GRPOTrainer collects them), which must be the registry's easel tools and nothing else.
+    env = grpo_ws.env_cls()
+    fns = [getattr(env, n) for n, _ in inspect.getmembers(grpo_ws.env_cls, inspect.isfunction)
+           if n != "reset" and not n.startswith("_")]
+    assert sorted(f.__name__ for f in fns) == sorted(f.__name__ for f in tool_functions(None, "easel"))
     for row, rec in zip(rows, records):
         sft_msgs = fill_images({"messages": [row["messages"]], "images": [row["images"]]})["messages"][0]
         sft_text = processor.apply_chat_template(sft_msgs, tokenize=False)
