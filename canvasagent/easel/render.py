@@ -51,9 +51,14 @@ pixel centre ``x``:
 3. Stroke alpha ``A = a(t*) * cov``.
 4. Source-over compositing per channel: ``C <- C (1 - A) + c A``.
 
-Strokes are evaluated only inside the bounding box of their control hull
-grown by the larger radius + 1 px (alpha is exactly 0 outside), with numpy
-(:mod:`canvasagent.easel.render_np`). The torch path (:func:`stroke_alpha`, differentiable) takes the same
+Strokes are evaluated only inside the bounding box of the curve grown by the
+larger radius + 1 px (alpha is exactly 0 outside). Two implementations of the
+same rasterisation, equal to float32 rounding (bit-identical on the tested
+strokes): a compiled per-pixel kernel (:mod:`canvasagent.easel.render_nb`,
+numba; the default when numba imports) and the numpy one
+(:mod:`canvasagent.easel.render_np`, the fallback). ``CANVASAGENT_EASEL_KERNEL
+= numba | numpy`` or the ``kernel`` argument of the numpy-facing helpers
+chooses. The torch path (:func:`stroke_alpha`, differentiable) takes the same
 ``t*`` from there; with explicit ``k``/``golden_steps`` it instead uses a
 cheaper approximate search (``k`` coarse samples, golden-section refinement
 around the best; it can settle on the lower of two maxima), which only the
@@ -69,7 +74,9 @@ blue, medium width) and only the 6 path parameters (:func:`expand_fixed`).
 """
 from __future__ import annotations
 
+import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -77,6 +84,8 @@ import numpy as np
 import torch
 
 from . import render_np
+
+log = logging.getLogger(__name__)
 
 N_PARAMS = 13
 PARAM_NAMES: tuple[str, ...] = (
@@ -95,6 +104,9 @@ GOLDEN_STEPS = 10
 # Pixels covered by a sample need t* only for the opacity a(t*): 5 steps put t*
 # within ~0.008 of the maximiser, an opacity error <= 0.008 |oe - os|.
 OPACITY_GOLDEN_STEPS = 5
+# Implementations of the numpy-facing helpers (same output; see the docstring).
+KERNELS = ("numba", "numpy")
+KERNEL_ENV = "CANVASAGENT_EASEL_KERNEL"
 # Above this many (stroke x pixel) elements the batch is processed in chunks to
 # bound the size of temporaries.
 _CHUNK_ELEMS = 1 << 18
@@ -409,22 +421,64 @@ def _alpha_window_np(p: np.ndarray, h: int, w: int, win: tuple[int, int, int, in
     return render_np.stroke_alpha_window(p, h, w, win, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
 
 
-def alpha_np(params: Sequence[float] | np.ndarray, h: int, w: int | None = None) -> np.ndarray:
-    """Alpha map (H, W) float32 of one stroke (numpy fast path, bounding-box restricted)."""
+_NB: list = []  # [module or None] once the import was tried
+
+
+def _render_nb():
+    """The compiled kernel module, or None without numba. Imported on first
+    use: importing numba costs ~0.5 s, which processes that never render
+    (the tool server's parent, the trainers) should not pay."""
+    if not _NB:
+        try:
+            from . import render_nb
+        except ImportError as e:
+            log.info("numba unavailable (%s): EASEL renders with the numpy kernel", e)
+            render_nb = None
+        _NB.append(render_nb)
+    return _NB[0]
+
+
+def resolve_kernel(kernel: str | None = None) -> str:
+    """``kernel``, else $CANVASAGENT_EASEL_KERNEL, else numba when it imports."""
+    k = kernel or os.environ.get(KERNEL_ENV) or ("numba" if _render_nb() is not None else "numpy")
+    if k not in KERNELS:
+        raise ValueError(f"unknown EASEL kernel {k!r}; expected one of {KERNELS}")
+    if k == "numba" and _render_nb() is None:
+        raise ImportError("EASEL kernel 'numba' requested but numba does not import")
+    return k
+
+
+def _nb_params(p) -> np.ndarray:
+    # one contiguous float32 layout, so numba compiles (and caches) one signature
+    return np.ascontiguousarray(p, dtype=np.float32)
+
+
+def alpha_np(params: Sequence[float] | np.ndarray, h: int, w: int | None = None,
+             kernel: str | None = None) -> np.ndarray:
+    """Alpha map (H, W) float32 of one stroke (bounding-box restricted)."""
     w = w or h
     p = np.asarray(params, dtype=np.float32)
     out = np.zeros((h, w), dtype=np.float32)
     x0, y0, x1, y1 = win = _bbox(p, h, w)
     if x1 > x0 and y1 > y0:
-        out[y0:y1, x0:x1] = _alpha_window_np(p, h, w, win)
+        if resolve_kernel(kernel) == "numba":
+            a = np.empty((y1 - y0, x1 - x0), np.float32)
+            _render_nb().alpha_window(_nb_params(p), h, w, x0, y0, x1, y1, R_MIN_PX, R_MAX_FRAC,
+                                      SEARCH_SAMPLES, NEWTON_STEPS, a)
+            out[y0:y1, x0:x1] = a
+        else:
+            out[y0:y1, x0:x1] = _alpha_window_np(p, h, w, win)
     return out
 
 
-def apply_stroke(canvas: np.ndarray, params: Sequence[float] | np.ndarray) -> np.ndarray:
+def apply_stroke(canvas: np.ndarray, params: Sequence[float] | np.ndarray, kernel: str | None = None) -> np.ndarray:
     """Return a new canvas (H, W, 3) with one 13-parameter stroke composited."""
     p = np.asarray(params, dtype=np.float32)
     h, w = canvas.shape[:2]
     out = np.array(canvas, dtype=np.float32, order="C", copy=True)
+    if resolve_kernel(kernel) == "numba":
+        _render_nb().composite_stroke(out, _nb_params(p), R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
+        return out
     x0, y0, x1, y1 = win = _bbox(p, h, w)
     if x1 <= x0 or y1 <= y0:
         return out
@@ -448,26 +502,36 @@ def _composite_window(out: np.ndarray, a: np.ndarray, color: np.ndarray, win: tu
 
 
 def render_strokes(strokes: Sequence[Sequence[float]] | np.ndarray, h: int, w: int | None = None,
-                   canvas: np.ndarray | None = None) -> np.ndarray:
+                   canvas: np.ndarray | None = None, kernel: str | None = None) -> np.ndarray:
     """Composite strokes in order (one at a time, bbox-accelerated) -> (H, W, 3)."""
     w = w or h
-    out = blank_canvas(h, w) if canvas is None else np.array(canvas, dtype=np.float32, copy=True)
-    for p in np.asarray(strokes, dtype=np.float32).reshape(-1, N_PARAMS):
-        out = apply_stroke(out, p)
+    out = blank_canvas(h, w) if canvas is None else np.array(canvas, dtype=np.float32, order="C", copy=True)
+    ps = np.asarray(strokes, dtype=np.float32).reshape(-1, N_PARAMS)
+    if resolve_kernel(kernel) == "numba":
+        nb = _render_nb()
+        for p in ps:  # in place: no per-stroke canvas copy
+            nb.composite_stroke(out, _nb_params(p), R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
+        return out
+    for p in ps:
+        out = apply_stroke(out, p, kernel="numpy")
     return out
 
 
-def render_batch_np(canvas: np.ndarray, params: np.ndarray) -> np.ndarray:
+def render_batch_np(canvas: np.ndarray, params: np.ndarray, kernel: str | None = None) -> np.ndarray:
     """Batch of independent strokes on one canvas: (B, H, W, 3).
 
-    Each stroke is rendered in its bounding box and composited in numpy
+    Each stroke is rendered in its bounding box; with the numba kernel the
+    whole batch is one compiled call, with numpy one window at a time
     (per-stroke torch ops cost more than the arithmetic here).
     """
     base = np.ascontiguousarray(canvas, dtype=np.float32)
-    pn = np.asarray(params, dtype=np.float32).reshape(-1, N_PARAMS)
+    pn = np.ascontiguousarray(np.asarray(params, dtype=np.float32).reshape(-1, N_PARAMS))
     h, w = base.shape[:2]
     out = np.empty((pn.shape[0], h, w, 3), np.float32)
     out[:] = base
+    if resolve_kernel(kernel) == "numba":
+        _render_nb().composite_batch(out, pn, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
+        return out
     wins = [_bbox(p, h, w) for p in pn]
     for i, (p, win) in enumerate(zip(pn, wins)):
         if win[2] > win[0] and win[3] > win[1]:
