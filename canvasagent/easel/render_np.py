@@ -12,6 +12,11 @@ gathers and concatenations cost more than the saved call overhead.)
 
 The torch path in :mod:`canvasagent.easel.render` takes ``t*`` from here too
 (``t*`` carries no gradient) and evaluates the differentiable ``g(t*)`` itself.
+
+:mod:`canvasagent.easel.render_nb` repeats this module's arithmetic per pixel
+as a compiled kernel (the default for the numpy-facing helpers; this module is
+the fallback without numba). Keep the two in step: a change here needs the
+same change there, and ``test_numba_kernel_matches_numpy`` compares them.
 """
 from __future__ import annotations
 
