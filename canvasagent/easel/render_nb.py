@@ -98,24 +98,29 @@ def _newton(t, ex, ey, ax, ay, cx, cy, dr, steps, lo, hi):
 
 
 @_jit
-def _search(root, d_root, lo, hi, ex, ey, tb, gb, ax, ay, cx, cy, r0, dr, dr2, samples, newton_steps):
+def _search(root, d_root, lo, hi, ex, ey, tb, gb, ax, ay, cx, cy, r0, dr, dr2, samples, newton_steps, us, gbuf):
     """One basin bracket of one pixel: :func:`render_np.search_basins` per
-    element, float32 (dr2: dr * dr rounded from float64, as numpy does)."""
+    element, float32 (dr2: dr * dr rounded from float64, as numpy does; us:
+    the sample positions in [0, 1], gbuf: scratch for their g)."""
     r_far = r0 + dr * (hi if dr > 0 else lo)
     if not r_far - d_root > max(gb, _F(-0.5)):
         return tb, gb
     t, g = tb, gb
     if samples > 0:
         width = hi - lo
-        st, sg = lo, _F(-np.inf)
+        # branch-free first loop so LLVM can vectorise it (SIMD sqrt); the
+        # argmax after it keeps numpy's first-maximum rule
         for k in range(samples):
-            u = _F(k / (samples - 1)) if samples > 1 else _F(0)
-            ts = lo + width * u
-            gs = _gval(ts, ex, ey, ax, ay, cx, cy, r0, dr)
-            if gs > sg:  # the first maximum, as argmax
-                st, sg = ts, gs
-        if sg > g:
-            t, g = st, sg
+            ts = lo + width * us[k]
+            bx = ex + ts * (ax + ts * cx)
+            by = ey + ts * (ay + ts * cy)
+            gbuf[k] = r0 + dr * ts - np.sqrt(bx * bx + by * by)
+        kb = 0
+        for k in range(1, samples):
+            if gbuf[k] > gbuf[kb]:
+                kb = k
+        if gbuf[kb] > g:
+            t, g = lo + width * us[kb], gbuf[kb]
     # first-order peak next to the basin's nearest point (local hyperbola)
     bx = ex + root * (ax + root * cx)
     by = ey + root * (ay + root * cy)
@@ -177,6 +182,11 @@ def alpha_window(p, h, w, x0w, y0w, x1w, y1w, r_min, r_max_frac, samples, newton
     o0 = _F(p[7])
     do32 = _F(p[9]) - o0
     search = dr != 0.0 and samples + newton_steps > 0
+    # sample positions rounded to float32 as numpy's (k / (m - 1)).astype(float32)
+    us = np.zeros(max(samples, 1), np.float32)
+    for k in range(samples):
+        us[k] = k / (samples - 1) if samples > 1 else 0.0
+    gbuf = np.empty(max(samples, 1), np.float32)
     for iy in range(y1w - y0w):
         ey = py0 - 0.5 - (y0w + iy)
         fey = _F(ey)
@@ -234,14 +244,14 @@ def alpha_window(p, h, w, x0w, y0w, x1w, y1w, r_min, r_max_frac, samples, newton
                 else:
                     lo, hi = (ftm if fold else _F(0)), ft1
                 t, g = _search(ft1, d1, lo, hi, fex, fey, t, g, fax, fay, fcx, fcy, fr0, fdr, fdr2,
-                               samples, newton_steps)
+                               samples, newton_steps, us, gbuf)
                 if fold:
                     if dr > 0:
                         lo, hi = ft2, ftm
                     else:
                         lo, hi = _F(0), ft2
                     t, g = _search(ft2, d2, lo, hi, fex, fey, t, g, fax, fay, fcx, fcy, fr0, fdr, fdr2,
-                                   samples, newton_steps)
+                                   samples, newton_steps, us, gbuf)
             cov = min(max(g + _F(0.5), _F(0)), _F(1))
             out[iy, ix] = cov * (o0 + do32 * t)
 
