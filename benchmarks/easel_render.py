@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from canvasagent.easel import render  # noqa: E402
-from canvasagent.easel.reference_render import composite_np, reference_alpha, supersampled_alpha  # noqa: E402
+from canvasagent.easel.reference_render import composite_np, dense_alpha, reference_alpha, supersampled_alpha  # noqa: E402
 
 
 def _time(fn, min_s: float = 1.0, max_n: int = 1000) -> float:
@@ -69,25 +69,6 @@ def _time_rounds(fns: dict, rounds: int, min_s: float, max_n: dict) -> dict:
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(((a.astype(np.float64) - b) ** 2).mean())
     return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
-
-
-def dense_alpha(p: np.ndarray, h: int, n_t: int = 4097) -> np.ndarray:
-    """The stroke model with t* = argmax of g over n_t uniform t (ground truth for t*)."""
-    p = np.asarray(p, dtype=np.float64)
-    ts = np.linspace(0.0, 1.0, n_t)[:, None]
-    u = 1 - ts
-    span = h * render.R_MAX_FRAC - render.R_MIN_PX
-    bx = (u * u * p[0] + 2 * ts * u * p[2] + ts * ts * p[4]) * h
-    by = (u * u * p[1] + 2 * ts * u * p[3] + ts * ts * p[5]) * h
-    rr = u * (render.R_MIN_PX + p[6] * span) + ts * (render.R_MIN_PX + p[8] * span)
-    aa = (u * p[7] + ts * p[9])[:, 0]
-    px = np.arange(h) + 0.5
-    out = np.zeros((h, h))
-    for i in range(h):
-        g = rr - np.sqrt((px[None, :] - bx) ** 2 + (i + 0.5 - by) ** 2)
-        j = g.argmax(0)
-        out[i] = aa[j] * np.clip(g[j, np.arange(h)] + 0.5, 0, 1)
-    return out
 
 
 _FIRST_CALL = r"""

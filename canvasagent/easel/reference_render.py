@@ -91,3 +91,28 @@ def reference_render(strokes: np.ndarray, h: int, w: int | None = None, canvas: 
     for p in np.asarray(strokes, dtype=np.float64).reshape(-1, N_PARAMS):
         out = composite_np(out, fn(p, h, w), p[10:13])
     return out
+
+
+def dense_alpha(params: Sequence[float], h: int, n_t: int = 4097) -> np.ndarray:
+    """Ground truth for t*: the stroke model with t* = argmax over n_t uniform t of
+    g(t) = r(t) - |x - B(t)| (square h x h canvas).
+
+    The renderers solve for t* in closed form; dense sampling cannot pick the wrong basin on a
+    folded stroke, only miss the optimum by the sampling step, so it is what they are checked
+    against (tests and benchmarks/easel_render.py).
+    """
+    p = np.asarray(params, dtype=np.float64)
+    ts = np.linspace(0.0, 1.0, n_t)[:, None]
+    u = 1 - ts
+    span = h * R_MAX_FRAC - R_MIN_PX
+    bx = (u * u * p[0] + 2 * ts * u * p[2] + ts * ts * p[4]) * h
+    by = (u * u * p[1] + 2 * ts * u * p[3] + ts * ts * p[5]) * h
+    rr = u * (R_MIN_PX + p[6] * span) + ts * (R_MIN_PX + p[8] * span)
+    aa = (u * p[7] + ts * p[9])[:, 0]
+    px = np.arange(h) + 0.5
+    out = np.zeros((h, h))
+    for i in range(h):
+        g = rr - np.sqrt((px[None, :] - bx) ** 2 + (i + 0.5 - by) ** 2)
+        j = g.argmax(0)
+        out[i] = aa[j] * np.clip(g[j, np.arange(h)] + 0.5, 0, 1)
+    return out

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from canvasagent.easel import render
-from canvasagent.easel.reference_render import reference_alpha, supersampled_alpha
+from canvasagent.easel.reference_render import dense_alpha, reference_alpha, supersampled_alpha
 
 
 @pytest.fixture(params=render.KERNELS)
@@ -136,25 +136,6 @@ def test_numpy_fast_path_matches_torch(kernel):
             assert fast[:y0].max(initial=0) == 0 and fast[:, x1:].max(initial=0) == 0
 
 
-def _dense_alpha(p, h, n_t=4097):
-    """Ground truth for the stroke model: t* by dense sampling of g(t) = r(t) - |x - B(t)|."""
-    p = np.asarray(p, dtype=np.float64)
-    ts = np.linspace(0.0, 1.0, n_t)[:, None]
-    u = 1 - ts
-    span = h * render.R_MAX_FRAC - render.R_MIN_PX
-    bx = (u * u * p[0] + 2 * ts * u * p[2] + ts * ts * p[4]) * h
-    by = (u * u * p[1] + 2 * ts * u * p[3] + ts * ts * p[5]) * h
-    rr = u * (render.R_MIN_PX + p[6] * span) + ts * (render.R_MIN_PX + p[8] * span)
-    aa = (u * p[7] + ts * p[9])[:, 0]
-    px = np.arange(h) + 0.5
-    out = np.zeros((h, h))
-    for i in range(h):
-        g = rr - np.sqrt((px[None, :] - bx) ** 2 + (i + 0.5 - by) ** 2)
-        j = g.argmax(0)
-        out[i] = aa[j] * np.clip(g[j, np.arange(h)] + 0.5, 0, 1)
-    return out
-
-
 # Hairpins: the curve runs out to the control point's side and comes back, so
 # pixels between the two branches have two distance minima (the cubic has
 # three real roots). Varying and constant radius/opacity.
@@ -177,12 +158,12 @@ def test_folded_and_random_strokes_match_dense_sampling(kernel):
     rng = np.random.default_rng(11)
     strokes = [np.array(p, np.float32) for p in FOLDED] + [rng.random(13).astype(np.float32) for _ in range(25)]
     # coverage (constant opacity 1): g(t*) itself
-    cov_err = max(float(np.abs(render.alpha_np(_opaque(p), 48) - _dense_alpha(_opaque(p), 48)).max())
+    cov_err = max(float(np.abs(render.alpha_np(_opaque(p), 48) - dense_alpha(_opaque(p), 48)).max())
                   for p in strokes)
     assert cov_err < 0.01
     # with varying opacity a(t*) jumps where two peaks of g tie; a pixel on
     # such a seam can take either side, so allow a stray pixel per stroke
-    bad = [int((np.abs(render.alpha_np(p, 48) - _dense_alpha(p, 48)) > 0.02).sum()) for p in strokes]
+    bad = [int((np.abs(render.alpha_np(p, 48) - dense_alpha(p, 48)) > 0.02).sum()) for p in strokes]
     assert max(bad) <= 2 and sum(bad) <= 4
     # the torch path takes the same t*
     for p in strokes[:3]:
@@ -200,7 +181,7 @@ def test_folded_strokes_defeat_the_coarse_search():
         with torch.no_grad():
             a = render.stroke_alpha(torch.from_numpy(p[None]), 48, 48, k=render.n_samples_for(48, 48),
                                     golden_steps=render.GOLDEN_STEPS)[0].numpy()
-        errs.append(float(np.abs(a - _dense_alpha(p, 48)).max()))
+        errs.append(float(np.abs(a - dense_alpha(p, 48)).max()))
     assert max(errs) > 0.1
 
 

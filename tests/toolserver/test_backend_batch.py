@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
+from tests.toolserver import realesrgan_stubs
 from toolserver.backends import build_backend
 from toolserver.request import ToolRequest
 
@@ -181,9 +182,6 @@ def _tiny_realesrgan(monkeypatch, tmp_path, **params):
     """The realesrgan backend on a tiny real x4 network (conv + pixel shuffle, fixed random
     weights), with stand-ins for torchvision / basicsr / realesrgan. The RealESRGANer stand-in
     transcribes realesrgan 0.3's `enhance` for a 3-channel uint8 image."""
-    import sys
-    import types
-
     import torch
     import torch.nn.functional as F
 
@@ -213,26 +211,7 @@ def _tiny_realesrgan(monkeypatch, tmp_path, **params):
             out = np.transpose(out[[2, 1, 0], :, :], (1, 2, 0))
             return (out * 255.0).round().astype(np.uint8), "RGB"
 
-    tv = types.ModuleType("torchvision")
-    tv_transforms = types.ModuleType("torchvision.transforms")
-    tv_ft = types.ModuleType("torchvision.transforms._functional_tensor")
-    tv.transforms, tv_transforms._functional_tensor = tv_transforms, tv_ft
-    arch = types.ModuleType("basicsr.archs.rrdbnet_arch")
-    arch.RRDBNet = tiny_net
-    rg = types.ModuleType("realesrgan")
-    rg.RealESRGANer = RealESRGANer
-    for name, mod in {
-        "torchvision": tv,
-        "torchvision.transforms": tv_transforms,
-        "torchvision.transforms._functional_tensor": tv_ft,
-        "basicsr": types.ModuleType("basicsr"),
-        "basicsr.archs": types.ModuleType("basicsr.archs"),
-        "basicsr.archs.rrdbnet_arch": arch,
-        "realesrgan": rg,
-    }.items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setitem(sys.modules, "torchvision.transforms.functional_tensor", None)
-    monkeypatch.delitem(sys.modules, "torchvision.transforms.functional_tensor")
+    realesrgan_stubs.install(monkeypatch, tiny_net, RealESRGANer)
     pth = tmp_path / "RealESRGAN_x4plus.pth"
     pth.write_bytes(b"weights")
     return build_backend("realesrgan", {"model_path": str(pth), "device": "cpu", **params})

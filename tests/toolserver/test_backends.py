@@ -22,6 +22,7 @@ from canvasagent.episode import run_episode
 from canvasagent.policies.replay import ReplayPolicy
 from canvasagent.protocol import TERMINATE, format_reply
 from canvasagent.tasks import Task
+from tests.toolserver import realesrgan_stubs
 from toolserver.backends import BACKEND_FACTORIES, build_backend
 from toolserver.backends._base import PLUMBING_NOTE, TINY_MARKER, BackendUnavailable
 from toolserver.backends.tiny import BUILDERS, ensure_tiny, tiny_dir
@@ -330,7 +331,6 @@ def test_realesrgan_torch_path_with_stub_packages(tmp_path, monkeypatch):
     """The PyTorch backend's own logic (import shim, RealESRGANer arguments, BGR handling) with
     stand-ins for torchvision/basicsr/realesrgan, which cannot be installed beside the CPU torch."""
     import sys
-    import types
 
     seen: dict = {}
 
@@ -346,27 +346,7 @@ def test_realesrgan_torch_path_with_stub_packages(tmp_path, monkeypatch):
             seen["first_pixel_bgr"] = bgr[0, 0].tolist()
             return np.repeat(np.repeat(bgr, outscale, axis=0), outscale, axis=1), "RGB"
 
-    tv = types.ModuleType("torchvision")
-    tv_transforms = types.ModuleType("torchvision.transforms")
-    tv_ft = types.ModuleType("torchvision.transforms._functional_tensor")
-    tv.transforms, tv_transforms._functional_tensor = tv_transforms, tv_ft
-    arch = types.ModuleType("basicsr.archs.rrdbnet_arch")
-    arch.RRDBNet = RRDBNet
-    rg = types.ModuleType("realesrgan")
-    rg.RealESRGANer = RealESRGANer
-    for name, mod in {
-        "torchvision": tv,
-        "torchvision.transforms": tv_transforms,
-        "torchvision.transforms._functional_tensor": tv_ft,
-        "basicsr": types.ModuleType("basicsr"),
-        "basicsr.archs": types.ModuleType("basicsr.archs"),
-        "basicsr.archs.rrdbnet_arch": arch,
-        "realesrgan": rg,
-    }.items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    # Absent now, and absent again after the test (setitem records the absence for undo).
-    monkeypatch.setitem(sys.modules, "torchvision.transforms.functional_tensor", None)
-    monkeypatch.delitem(sys.modules, "torchvision.transforms.functional_tensor")
+    realesrgan_stubs.install(monkeypatch, RRDBNet, RealESRGANer)
 
     pth = tmp_path / "RealESRGAN_x4plus.pth"
     pth.write_bytes(b"weights")
@@ -377,7 +357,8 @@ def test_realesrgan_torch_path_with_stub_packages(tmp_path, monkeypatch):
     assert seen["net"] == {"num_in_ch": 3, "num_out_ch": 3, "num_feat": 64, "num_block": 23, "num_grow_ch": 32, "scale": 4}
     up = seen["upsampler"]
     assert up["model_path"] == str(pth) and up["tile"] == 256 and up["half"] is False and str(up["device"]) == "cpu"
-    assert sys.modules["torchvision.transforms.functional_tensor"] is tv_ft  # basicsr's old import path
+    # basicsr's old import path resolves to the private module the shim aliases
+    assert sys.modules["torchvision.transforms.functional_tensor"] is sys.modules["torchvision.transforms._functional_tensor"]
 
 
 def test_segment_anything_path_with_stub_package(tmp_path, monkeypatch):
