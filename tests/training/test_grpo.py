@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
+from tests.training.conftest import record_scored_batches
 from canvasagent.models import load_policy, load_processor
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.grpo import build_grpo_trainer, run_grpo
@@ -35,7 +35,6 @@ def grpo_run(tmp_path_factory, tiny_qwen3vl_dir):
     trainer, processor, ws = build_grpo_trainer(cfg)
     tok = processor.tokenizer
     forced_ids = tok.encode(FORCED, add_special_tokens=False)
-    seen: list[dict] = []
 
     orig_single = trainer._generate_single_turn
     calls = {"n": 0}
@@ -46,15 +45,8 @@ def grpo_run(tmp_path_factory, tiny_qwen3vl_dir):
             return [list(forced_ids) for _ in prompt_ids], None
         return orig_single(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
-    orig_score = trainer._generate_and_score_completions
-
-    def score(inputs):
-        out_ = orig_score(inputs)
-        seen.append({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in out_.items()})
-        return out_
-
     trainer._generate_single_turn = single_turn
-    trainer._generate_and_score_completions = score
+    seen = record_scored_batches(trainer)
     trainer.train()
     from canvasagent.training.common import save_final
 

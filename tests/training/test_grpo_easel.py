@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
+from tests.training.conftest import record_scored_batches
 from canvasagent.easel import metrics, tasks
 from canvasagent.training import easel_env
 from canvasagent.training.common import workspace
@@ -49,7 +49,6 @@ def easel_run(tmp_path_factory, tiny_qwen3vl_dir):
     tok = processor.tokenizer
     valid_ids = tok.encode(VALID, add_special_tokens=False)
     invalid_ids = tok.encode(INVALID, add_special_tokens=False)
-    seen: list[dict] = []
     orig_single = trainer._generate_single_turn
 
     def single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -57,15 +56,8 @@ def easel_run(tmp_path_factory, tiny_qwen3vl_dir):
             return [list(valid_ids if i % 2 == 0 else invalid_ids) for i in range(len(prompt_ids))], None
         return orig_single(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
 
-    orig_score = trainer._generate_and_score_completions
-
-    def score(inputs):
-        res = orig_score(inputs)
-        seen.append({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in res.items()})
-        return res
-
     trainer._generate_single_turn = single_turn
-    trainer._generate_and_score_completions = score
+    seen = record_scored_batches(trainer)
     trainer.train()
     return out, trainer, tok, seen
 

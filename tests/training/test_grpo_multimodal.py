@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.training.conftest import record_scored_batches
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.env import CanvasEnv
 from canvasagent.training.grpo import build_grpo_trainer
@@ -68,15 +69,7 @@ def _run(cfg: TrainConfig, script: list[list[str] | None]):
         return torch.cat([ids, new], dim=1)
 
     model.generate = generate
-    batches: list[dict] = []
-    score = trainer._generate_and_score_completions
-
-    def keep(inputs):
-        out = score(inputs)
-        batches.append({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in out.items()})
-        return out
-
-    trainer._generate_and_score_completions = keep
+    batches = record_scored_batches(trainer)
     trainer.train()
     assert calls["n"] >= len(script)  # the replayed turns really went through the sampler hook
     return trainer, tok, batches
