@@ -43,6 +43,7 @@ from toolserver.results import ToolResult
 from . import heuristics, render, semantic, tasks
 from .bench import EpisodeResult
 from .canvas import CanvasSession, StepResult
+from .data import path_to_unit
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +175,7 @@ class Int1000Coords:
         call = parsed.call
         if call is None or call.name != "brush_stroke" or not isinstance(call.arguments, dict):
             return reply
-        args = dict(call.arguments)
-        for k in render.PATH_NAMES:
-            v = args.get(k)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                args[k] = float(v) / 1000.0
+        args = path_to_unit(call.arguments)
         return format_reply(parsed.reason or "", {"name": "brush_stroke", "arguments": args}, parsed.terminate)
 
 

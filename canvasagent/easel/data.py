@@ -76,6 +76,13 @@ def quantised_arguments(p: Sequence[float]) -> dict:
     return out
 
 
+def path_to_unit(args: dict) -> dict:
+    """Tool arguments with integer 0-1000 path coordinates -> the registry's [0, 1] (numbers only:
+    anything else is left as it is, for the validator to refuse with its own message)."""
+    return {k: (v / 1000.0 if k in COORD_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+            for k, v in args.items()}
+
+
 def dequantise(args: dict) -> np.ndarray:
     """Inverse of :func:`quantised_arguments` (validated 13-vector)."""
     a = dict(args)

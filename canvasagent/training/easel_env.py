@@ -153,12 +153,6 @@ def build_sft_data(easel_cfg: Any, out: Any, n_strokes: int | None = None, paint
                               workers=workers)
 
 
-def _int1000_to_unit(args: dict[str, Any]) -> dict[str, Any]:
-    """Path coordinates / 1000 (numbers only: anything else is left for the validator to refuse)."""
-    return {k: (v / 1000.0 if k in BRUSH_PATH_PARAMS and isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-            for k, v in args.items()}
-
-
 def sft_example(record: dict[str, Any], root: Any, system: str, strokes: Any, env_cls: type[EaselEnv],
                 budget: int | None, coords: str) -> dict[str, Any] | None:
     """One EASEL-Data record (`canvasagent.easel.data`) as an SFT row in the layout of a GRPO rollout.
@@ -201,13 +195,14 @@ def sft_example(record: dict[str, Any], root: Any, system: str, strokes: Any, en
 
 def _in_coords(reply: str, have: str, want: str) -> str:
     """An EASEL-Data reply with its path coordinates in the policy's convention."""
+    from canvasagent.easel import data
     from canvasagent.protocol import format_reply, parse_reply
 
     if have == want:
         return reply
     parsed = parse_reply(reply)
     args = parsed.call.arguments
-    args = _int1000_to_unit(args) if have == "int1000" else {
+    args = data.path_to_unit(args) if have == "int1000" else {
         k: (int(round(v * 1000)) if k in BRUSH_PATH_PARAMS else v) for k, v in args.items()}
     return format_reply(parsed.reason or "", {"name": parsed.call.name, "arguments": args})
 
@@ -308,11 +303,12 @@ class EaselEnv(CanvasEnv):
         else:
             if self.coords == "int1000" and name == "brush_stroke" and isinstance(arguments, dict):
                 # The registry (and so the runner's validator) takes [0, 1]; the policy writes 0-1000.
-                arguments = _int1000_to_unit(arguments)
+                from canvasagent.easel.data import path_to_unit
+
+                arguments = path_to_unit(arguments)
             res = ep.call_tool(name, arguments)
             text = "".join(p.get("text", "") for p in (res.observation or {}).get("content") or [] if p.get("type") == "text")
-        # Always the canvas, also after a rejected stroke or an undo: the policy paints from what
-        # it sees, and a turn whose tool results are all text trips TRL's rope-index bug (#6274).
+        # Always the canvas, also after a rejected stroke or an undo: the policy paints from what it sees.
         return [{"type": "image", "image": self._state_image()}, {"type": "text", "text": text}]
 
     def _state_image(self) -> Image.Image:
