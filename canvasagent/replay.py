@@ -7,7 +7,6 @@ recorded outputs when the record has them, because their models may not be avail
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from canvasagent.formats.sharegpt import PublicTrajectory
 from canvasagent.policies import ReplayPolicy
 from canvasagent.protocol import parse_reply
 from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.trajectory import Trajectory, write_json_atomic
 from toolserver.registry import REGISTRY, Backend
 from toolserver.toolbox import LocalToolbox, RecordedOutput
 
@@ -124,6 +123,4 @@ def write_report(traj: Trajectory, report: dict[str, Any], out_dir: str | Path) 
     for a in traj.assets:
         a.image.save(out / f"{a.id}.png")
     traj.save(out / "trajectory")
-    path = out / "report.json"
-    path.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str))
-    return path
+    return write_json_atomic(out / "report.json", report)

@@ -13,12 +13,36 @@ from pathlib import Path
 from typing import Any
 
 from canvasagent.assets import Asset, AssetStore, Provenance
-from canvasagent.imageio import open_image
+from canvasagent.imageio import ImageLoadError, open_image, resolve_path
 from canvasagent.protocol import Finding, ToolCall
 from canvasagent.tasks import Task
 from toolserver.registry import OutputKind
 
 SCHEMA_VERSION = 1
+
+
+class TrajectoryLoadError(ValueError):
+    """A trajectory file that cannot be read back (not ours, or naming files outside its folder)."""
+
+
+def json_bytes(data: Any, indent: int | None = 2) -> bytes:
+    """`data` as UTF-8 JSON that always encodes and reads back to the same strings.
+
+    Non-ASCII text stays readable; a lone surrogate (which UTF-8 cannot hold, and which a
+    model may well emit) is written as its `\\uXXXX` escape. JSON only has such characters
+    inside strings, where that escape is valid and decodes to the same code point (a high
+    surrogate directly followed by a low one reads back as the character the pair encodes).
+    """
+    return json.dumps(data, indent=indent, ensure_ascii=False, default=str).encode("utf-8", "backslashreplace")
+
+
+def write_json_atomic(path: str | Path, data: Any, indent: int | None = 2) -> Path:
+    """Write `json_bytes(data)` to `path` via a temp file and a rename: a reader never sees half."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(json_bytes(data, indent))
+    tmp.replace(path)
+    return path
 
 
 @dataclass
@@ -160,11 +184,7 @@ class Trajectory:
         (out / "assets").mkdir(parents=True, exist_ok=True)
         for a in self.assets:
             a.image.save(out / "assets" / f"{a.id}.png")
-        path = out / "trajectory.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False, default=str))
-        tmp.replace(path)  # atomic: a reader never sees half a trajectory
-        return path
+        return write_json_atomic(out / "trajectory.json", self.to_dict())
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], images: dict[str, Any]) -> "Trajectory":
@@ -195,11 +215,24 @@ class Trajectory:
 
     @classmethod
     def load(cls, path: str | Path) -> "Trajectory":
+        """Read `trajectory.json` (or its folder) with its asset images.
+
+        Asset files must lie inside the trajectory's own folder: a record naming any other
+        path (`../x.png`, an absolute path, a symlink out) raises `TrajectoryLoadError`.
+        """
         p = Path(path)
         if p.is_dir():
             p = p / "trajectory.json"
-        d = json.loads(p.read_text())
+        d = json.loads(p.read_text(encoding="utf-8"))
         if not isinstance(d, dict) or not {"task", "turns"} <= set(d):
-            raise ValueError(f"{p}: not a CanvasAgent trajectory (expected an object with 'task' and 'turns')")
-        images = {a["id"]: open_image(p.parent / a["file"]) for a in d.get("assets", [])}
+            raise TrajectoryLoadError(f"{p}: not a CanvasAgent trajectory (expected an object with 'task' and 'turns')")
+        images = {}
+        for a in d.get("assets", []):
+            if not isinstance(a, dict) or not isinstance(a.get("id"), str) or not isinstance(a.get("file"), str):
+                raise TrajectoryLoadError(f"{p}: every asset needs a string 'id' and 'file'")
+            try:
+                file = resolve_path(a["file"], allowed_roots=[p.parent], base=p.parent)
+            except ImageLoadError as e:
+                raise TrajectoryLoadError(f"{p}: asset {a['id']}: {e}") from None
+            images[a["id"]] = open_image(file)
         return cls.from_dict(d, images)

@@ -21,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image", action="append", metavar="img_N=PATH", help="input images (default: from the record)")
     p.add_argument("--index", type=int, default=0, help="record index in a multi-record ShareGPT file")
     p.add_argument("--images-root", default=None, help="base directory for the record's image paths (default: its folder)")
+    p.add_argument("--allow-root", action="append", metavar="DIR",
+                   help="a folder the record's image paths may point into (repeatable; default: the base directory only)")
     p.add_argument("--out", required=True)
     add_tools_config_arg(p)
     p.set_defaults(func=cmd_replay)
@@ -44,7 +46,8 @@ def _load_input(args: argparse.Namespace):
     if not is_sharegpt(rec):
         raise FormatError(f"{path} is neither our trajectory.json nor a ShareGPT record")
     base = Path(args.images_root) if args.images_root else path.parent
-    pt = read_record(rec, base_dir=base, input_overrides=parse_image_args(args.image) or None)
+    roots = [base, *args.allow_root] if args.allow_root else None
+    pt = read_record(rec, base_dir=base, allowed_roots=roots, input_overrides=parse_image_args(args.image) or None)
     return from_public(pt)
 
 

@@ -7,7 +7,9 @@ Accepted layouts (the first that matches wins):
 
 Accepted records: ours (`Task.to_dict()` plus `"images": [paths]`), and the public CanvasCraft-RL
 record `{"path": [tools], "image": [paths], "prompt": text, "extra_info": {"id", ...}}`.
-Image paths are relative to the file that names them.
+Image paths (inputs and reference images) are relative to the file that names them and must
+resolve inside the allowed roots (default: that file's folder); any other path is refused with
+`TaskLoadError` before it is opened.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from canvasagent.imageio import open_image
+from typing import Iterable
+
+from canvasagent.imageio import ImageLoadError, open_image, resolve_path
 from canvasagent.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -29,22 +33,31 @@ class TaskLoadError(ValueError):
     pass
 
 
-def _images(paths: Any, base: Path) -> list:
+def _confined(p: Any, base: Path, roots: list[Path] | None) -> Path:
+    """`p` resolved against `base`; refused unless it lies inside `roots` (default: `base`)."""
+    if not isinstance(p, str) or not p:
+        raise TaskLoadError(f"an image path must be a non-empty string, got {p!r:.80}")
+    try:
+        return resolve_path(p, allowed_roots=[base] if roots is None else roots, base=base)
+    except ImageLoadError as e:
+        raise TaskLoadError(str(e)) from None
+
+
+def _images(paths: Any, base: Path, roots: list[Path] | None = None) -> list:
     if isinstance(paths, str):
         paths = [paths]
-    out = []
-    for p in paths or []:
-        path = Path(p)
-        if not path.is_absolute():
-            path = base / path
-        out.append(open_image(path))
-    return out
+    if not isinstance(paths, (list, type(None))):
+        raise TaskLoadError(f"images must be a path or a list of paths, got {type(paths).__name__}")
+    return [open_image(_confined(p, base, roots)) for p in paths or []]
 
 
 LABEL_AXES = ("reasoning", "length", "diversity")  # the paper's R/L/D axes
 
 
-def task_from_record(rec: dict[str, Any], base: Path, index: int = 0) -> Task:
+def task_from_record(rec: dict[str, Any], base: Path, index: int = 0, allowed_roots: Iterable[str | Path] | None = None) -> Task:
+    """One record as a `Task`; image paths resolve against `base` and must stay inside
+    `allowed_roots` (default: `base`)."""
+    roots = None if allowed_roots is None else [Path(r) for r in allowed_roots]
     if "prompt" in rec and "instruction" not in rec:  # public CanvasCraft-RL record (ours adds checks/labels)
         extra = dict(rec.get("extra_info") or {})
         checks = extra.pop("checks", None) or []
@@ -53,10 +66,10 @@ def task_from_record(rec: dict[str, Any], base: Path, index: int = 0) -> Task:
         labels = {ax: str(extra.pop(ax)) for ax in LABEL_AXES if extra.get(ax) is not None}
         ref = extra.pop("reference_image", None)
         if ref:
-            extra["reference_images"] = [str(base / ref)]
+            extra["reference_images"] = [str(_confined(ref, base, roots))]
         return Task(
             instruction=rec["prompt"],
-            images=_images(rec.get("image") or rec.get("images"), base),
+            images=_images(rec.get("image") or rec.get("images"), base, roots),
             id=str(extra.pop("id", rec.get("id", f"task_{index:05d}"))),
             expected_tools=list(rec.get("path") or []),
             checks=list(checks),
@@ -67,9 +80,9 @@ def task_from_record(rec: dict[str, Any], base: Path, index: int = 0) -> Task:
     d.setdefault("id", f"task_{index:05d}")
     meta = dict(d.get("meta") or {})
     if meta.get("reference_images"):  # paths relative to the split, for the reference_similarity check
-        meta["reference_images"] = [str(base / r) if not Path(r).is_absolute() else r for r in meta["reference_images"]]
+        meta["reference_images"] = [str(_confined(r, base, roots)) for r in meta["reference_images"]]
         d["meta"] = meta
-    return Task.from_dict(d, _images(d.get("images") or d.get("image_paths"), base))
+    return Task.from_dict(d, _images(d.get("images") or d.get("image_paths"), base, roots))
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -112,7 +125,11 @@ def _canvascraft_tasks(p: Path, split: str) -> list[Task] | None:
     return [task_of(row) for row in read_rows(files)]
 
 
-def load_tasks(path: str | Path, limit: int | None = None, split: str = "eval") -> list[Task]:
+def load_tasks(
+    path: str | Path, limit: int | None = None, split: str = "eval", allowed_roots: Iterable[str | Path] | None = None
+) -> list[Task]:
+    """Tasks of a split (see the module docstring); image paths must stay inside `allowed_roots`
+    (default: the folder of the file that names them)."""
     p = Path(path)
     if not p.exists():
         raise TaskLoadError(f"task split {p} does not exist")
@@ -131,7 +148,7 @@ def load_tasks(path: str | Path, limit: int | None = None, split: str = "eval") 
     tasks: list[Task] = []
     for f in files:
         for rec in _read_records(f):
-            tasks.append(task_from_record(rec, f.parent, len(tasks)))
+            tasks.append(task_from_record(rec, f.parent, len(tasks), allowed_roots))
             if limit and len(tasks) >= limit:
                 return tasks
     ids = [t.id for t in tasks]

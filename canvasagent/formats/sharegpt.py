@@ -58,6 +58,8 @@ class PublicTrajectory:
 
 def normalize_messages(record: dict[str, Any]) -> list[dict[str, str]]:
     """Messages as {role, content} strings, with the older ShareGPT role aliases mapped."""
+    if not isinstance(record, dict):
+        raise FormatError(f"a record must be an object, got {type(record).__name__}")
     raw = record.get("messages") or record.get("conversations")
     if not isinstance(raw, list) or not raw:
         raise FormatError("record has no 'messages' list")
@@ -67,9 +69,11 @@ def normalize_messages(record: dict[str, Any]) -> list[dict[str, str]]:
             raise FormatError(f"message {i} is not an object")
         role = m.get("role", m.get("from"))
         content = m.get("content", m.get("value", ""))
-        if role not in _ROLE_ALIASES:
-            raise FormatError(f"message {i} has unknown role {role!r}")
+        if not isinstance(role, str) or role not in _ROLE_ALIASES:
+            raise FormatError(f"message {i} has unknown role {role!r:.80}")
         if isinstance(content, list):  # OpenAI-style parts: keep text, count images as placeholders
+            if not all(isinstance(p, dict) and (p.get("type") != "text" or isinstance(p.get("text", ""), str)) for p in content):
+                raise FormatError(f"message {i}: content parts must be objects, text parts with text strings")
             content = "".join(p.get("text", "") if p.get("type") == "text" else IMAGE_TOKEN for p in content)
         if not isinstance(content, str):
             raise FormatError(f"message {i} content must be text")
@@ -91,16 +95,27 @@ def read_record(
     max_pixels: int = DEFAULT_MAX_INPUT_PIXELS,
     input_overrides: dict[int, Image.Image] | None = None,
 ) -> PublicTrajectory:
-    """Parse one public record into a task, the assistant replies and the recorded tool turns."""
+    """Parse one public record into a task, the assistant replies and the recorded tool turns.
+
+    Image paths are relative to `base_dir` and must resolve inside `allowed_roots` (default:
+    `base_dir` alone); a path that escapes them (`../x.png`, an absolute path elsewhere, a
+    symlink out) raises `ImageLoadError` before anything is read. Paths must be strings.
+    """
     msgs = normalize_messages(record)
-    paths = list(record.get("images") or [])
+    raw_paths = record.get("images") or []
+    if isinstance(raw_paths, str):
+        raw_paths = [raw_paths]
+    if not isinstance(raw_paths, list) or not all(isinstance(x, str) for x in raw_paths):
+        raise FormatError("'images' must be a list of path strings")
+    paths = list(raw_paths)
+    roots = [base_dir] if allowed_roots is None else list(allowed_roots)
     cursor = 0
 
     def take(n: int, where: str) -> list[Image.Image]:
         nonlocal cursor
         if cursor + n > len(paths):
             raise FormatError(f"{where} has {n} <image> placeholders but only {len(paths) - cursor} images remain")
-        imgs = [load_image(p, allowed_roots, base_dir, max_pixels) for p in paths[cursor : cursor + n]]
+        imgs = [load_image(p, roots, base_dir, max_pixels) for p in paths[cursor : cursor + n]]
         cursor += n
         return imgs
 
@@ -133,11 +148,16 @@ def read_record(
             text = m["content"].replace(IMAGE_TOKEN, "")
             tool_turns[-1] = RecordedToolTurn(strip_echo(text), text, take(n, f"tool turn {len(replies)}"))
     extra = record.get("extra_info") or {}
+    if not isinstance(extra, dict):
+        raise FormatError("'extra_info' must be an object")
+    expected = record.get("path") or []
+    if not isinstance(expected, list) or not all(isinstance(x, str) for x in expected):
+        raise FormatError("'path' must be a list of tool names")
     task = Task(
         instruction=instruction,
         images=list(inputs),  # type: ignore[arg-type]
         id=str(extra.get("id", record.get("id", "sharegpt"))),
-        expected_tools=list(record.get("path") or []),
+        expected_tools=list(expected),
     )
     return PublicTrajectory(task, system, replies, tool_turns)
 
