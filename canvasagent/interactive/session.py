@@ -8,6 +8,7 @@
     session.reject(proposal, "why")      # record it as refused; the policy sees why
     session.take_over("Crop {...}")      # the user's own call
     session.rollback("Flip_0")           # back to an earlier asset, as if later turns never happened
+    session.check(reply)                 # why a user's reply would not run (None: it would)
 
 The trajectory is saved after every change (when `out_dir` is set), so closing the terminal or the
 browser mid-episode loses nothing. Rollback truncates the asset store (`AssetStore.truncate_to`),
@@ -28,6 +29,7 @@ from canvasagent.protocol import ParsedReply, echo_plain, format_reply, parse_re
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory, Turn
 from toolserver.toolbox import Toolbox
+from toolserver.validation import validate_call
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,19 @@ class Session:
             log.warning("policy failed: %s", e)
             return Proposal("", parse_reply(""), time.perf_counter() - t0, f"{type(e).__name__}: {e}")
         return Proposal(reply, parse_reply(reply), time.perf_counter() - t0)
+
+    def check(self, reply: str) -> str | None:
+        """Why the user's `reply` (a protocol reply) could not run as a tool call, or None when it
+        would: a malformed reply, no call and no <Terminate>, or a call the validator refuses (an
+        unknown tool or asset, bad arguments). Nothing is executed or recorded; the front ends ask
+        the user again, so only decisions reach the trajectory."""
+        parsed = parse_reply(reply)
+        if parsed.blocked:
+            return "; ".join(f.message for f in parsed.findings if f.blocking)
+        if parsed.call is None:
+            return None if parsed.terminate else "no tool call: write Tool {json arguments}, or 'done'"
+        check = validate_call(parsed.call.name, parsed.call.arguments, self.episode.assets, self.episode.profile)
+        return None if check.executable else check.error_message()
 
     def approve(self, proposal: Proposal, edited_reply: str | None = None) -> StepResult:
         reply = edited_reply if edited_reply is not None else proposal.reply

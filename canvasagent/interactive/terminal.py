@@ -8,7 +8,8 @@ from typing import Callable
 
 from canvasagent.episode import StepResult
 from canvasagent.interactive.session import Proposal, Session
-from canvasagent.policies.human import HELP
+from canvasagent.policies.human import HELP, human_reply
+from canvasagent.protocol import format_reply
 from canvasagent.trajectory import Trajectory
 
 CHOICES = "[a]pprove  [e]dit  [r]eject  [t]ake over  [q]uit"
@@ -50,8 +51,15 @@ class TerminalChat:
         return self.input(prompt).strip()
 
     def _take_over(self) -> None:
+        """Ask for the user's own call until it would run (a typo or an unknown asset asks again)."""
         self.show(HELP)
-        res = self.session.take_over(self._ask("you> "))
+        while True:
+            command = self._ask("you> ")
+            problem = self.session.check(human_reply(command))
+            if problem is None:
+                break
+            self.show(f"that would not run ({problem}); imglist: {self.session.episode.assets.imglist_text()}. Try again.")
+        res = self.session.take_over(command)
         self._print(describe_result(res, self.session))
 
     def _print(self, lines: list[str]) -> None:
@@ -59,16 +67,31 @@ class TerminalChat:
             self.show(line)
 
     def _edit(self, proposal: Proposal) -> None:
-        text = self._ask("new arguments as JSON, or Tool {json}> ")
-        try:
-            if text.startswith("{"):
-                res = self.session.edit_arguments(proposal, json.loads(text))
-            else:
-                name, _, rest = text.partition(" ")
-                res = self.session.edit_arguments(proposal, json.loads(rest or "{}"), name=name)
-        except (json.JSONDecodeError, ValueError) as e:
-            self.show(f"could not use that edit ({e}); nothing was executed")
-            return
+        """Ask for edited arguments until they would run; an empty line goes back to the choices."""
+        while True:
+            text = self._ask("new arguments as JSON, or Tool {json} (empty: back)> ")
+            if not text:
+                self.show("edit cancelled; nothing was executed")
+                self._decide(proposal)
+                return
+            try:
+                if text.startswith("{"):
+                    name, args = (proposal.call.name if proposal.call else ""), json.loads(text)
+                else:
+                    name, _, rest = text.partition(" ")
+                    args = json.loads(rest or "{}")
+                if not name:
+                    raise ValueError("the proposal has no call to edit; give Tool {json}")
+                if not isinstance(args, dict):
+                    raise ValueError("the arguments must be a JSON object")
+            except ValueError as e:  # json.JSONDecodeError is a ValueError
+                self.show(f"could not use that edit ({e}); nothing was executed. Try again.")
+                continue
+            problem = self.session.check(format_reply("edit", {"name": name, "arguments": args}))
+            if problem is None:
+                break
+            self.show(f"that edit would not run ({problem}); imglist: {self.session.episode.assets.imglist_text()}. Try again.")
+        res = self.session.edit_arguments(proposal, args, name=name)
         self._print(describe_result(res, self.session))
 
     def step(self) -> None:
@@ -86,7 +109,15 @@ class TerminalChat:
                 s.finish("user_closed")
             return
         self._print([f"--- step {len(s.trajectory.turns) + 1}", *describe_proposal(proposal)])
+        self._decide(proposal)
+
+    def _decide(self, proposal: Proposal) -> None:
+        """Ask what to do with `proposal` until the user picks a valid choice."""
+        s = self.session
         choice = "a" if self.auto else (self._ask(CHOICES + " > ").lower()[:1] or "a")
+        while choice not in "aertq":
+            self.show(f"unknown choice {choice!r}")
+            choice = self._ask(CHOICES + " > ").lower()[:1] or "a"
         if choice == "a":
             self._print(describe_result(s.approve(proposal), s))
         elif choice == "e":
@@ -98,8 +129,6 @@ class TerminalChat:
             self._take_over()
         elif choice == "q":
             s.finish("user_closed")
-        else:
-            self.show(f"unknown choice {choice!r}")
 
     def run(self) -> Trajectory:
         try:

@@ -114,3 +114,45 @@ def test_chat_with_endpoint_down_offers_takeover(tmp_path, monkeypatch, capsys):
     assert cli_main(["chat", "--image", f"img_1={img}", "-m", "mirror", "--policy", spec, "--out", str(out)]) == 0
     assert "the policy failed: EndpointError" in capsys.readouterr().out
     assert Trajectory.load(out).assets.ids() == ["img_1", "Flip_0"]
+
+
+def test_chat_asks_again_on_a_typo_or_an_unknown_asset_and_records_only_decisions(tmp_path, monkeypatch, capsys):
+    img = tmp_path / "in.png"
+    Image.new("RGB", (40, 20), "blue").save(img)
+    (tmp_path / "r.json").write_text(json.dumps([FLIP, CROP, CROP, DONE]))  # replayed by turn number
+    answers = iter([
+        "a",  # Flip as proposed
+        "x", "t",  # an unknown choice asks again; then take over
+        'Rotate {"image": "Flip_0", "angle": 9',  # typo: unbalanced JSON
+        'Rotate {"image": "Flip_9", "angle": 90}',  # unknown asset
+        'Rotate {"image": "Flip_0", "angle": 90}',  # runs
+        "e",  # edit the proposed Crop
+        "{not json",  # typo
+        '{"image": "Crop_7", "bbox": [0, 0, 500, 500]}',  # unknown asset
+        "",  # back to the choices
+        "e", '{"image": "Rotate_0", "bbox": [0, 0, 500, 500]}',  # runs
+        "a",  # the policy's <Terminate>
+    ])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(answers))
+    out = tmp_path / "chat"
+    rc = cli_main(["chat", "--image", f"img_1={img}", "-m", "mirror", "--policy", f"replay:{tmp_path / 'r.json'}", "--out", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "unknown choice 'x'" in text
+    assert text.count("would not run") == 3 and "Flip_9" in text and "Crop_7" in text
+    assert "could not use that edit" in text and "edit cancelled" in text
+    traj = Trajectory.load(out)
+    # Only the decisions: approve, take over, edit, terminate. No parse_error or error turn.
+    assert [t.status for t in traj.turns] == ["ok", "ok", "ok", "terminate"]
+    assert traj.assets.ids() == ["img_1", "Flip_0", "Rotate_0", "Crop_0"]
+    assert traj.turns[1].result_data["user"] == "took_over" and traj.turns[2].result_data["user"] == "edited"
+
+
+def test_session_check_names_what_would_not_run(tmp_path):
+    s = _session(tmp_path, [])
+    assert s.check(format_reply("x", {"name": "Flip", "arguments": {"image": "img_1"}})) is None
+    assert s.check(DONE) is None
+    assert "img_4" in s.check(format_reply("x", {"name": "Flip", "arguments": {"image": "img_4"}}))
+    assert s.check("<tool_call>{oops</tool_call>")
+    assert "no tool call" in s.check("just words")
+    assert s.trajectory.turns == []  # checking records nothing
