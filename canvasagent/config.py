@@ -68,6 +68,10 @@ class ToolsConfig:
     shm: bool | None = None  # client=ray: images through /dev/shm on one host (None: when usable)
     max_pixels: int = 40_000_000
     backends: dict[str, BackendConfig] = field(default_factory=dict)
+    # Tool calls a training process runs at once across its rollouts (the GRPO tool pool), and
+    # per-tool caps under it (e.g. ImageEdit: 8 when one tool GPU batches 8). None: one per rollout.
+    max_concurrent_calls: int | None = None
+    concurrency: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def load(cls, name_or_path: str | Path = "offline") -> "ToolsConfig":
@@ -75,7 +79,24 @@ class ToolsConfig:
         backends = {k: BackendConfig(**(v or {})) for k, v in (data.pop("backends", None) or {}).items()}
         cfg = from_dict(cls, data)
         cfg.backends = backends
+        cfg.check_concurrency()
         return cfg
+
+    def check_concurrency(self) -> None:
+        """Refuse a pool size or per-tool cap that is not a positive integer, or names no tool."""
+        from toolserver.registry import REGISTRY
+
+        if self.max_concurrent_calls is not None and (
+            not isinstance(self.max_concurrent_calls, int) or isinstance(self.max_concurrent_calls, bool) or self.max_concurrent_calls < 1
+        ):
+            raise ValueError(f"tools config: max_concurrent_calls must be an integer >= 1, got {self.max_concurrent_calls!r}")
+        if not isinstance(self.concurrency, dict):
+            raise ValueError(f"tools config: concurrency must map tool names to integers, got {self.concurrency!r}")
+        for tool, n in self.concurrency.items():
+            if tool not in REGISTRY:
+                raise ValueError(f"tools config: concurrency names unknown tool {tool!r}")
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"tools config: concurrency.{tool} must be an integer >= 1, got {n!r}")
 
 
 def make_toolbox(cfg: ToolsConfig | str | Path = "offline"):

@@ -32,6 +32,8 @@ BACKEND_FACTORIES: dict[str, str] = {
     "grounding-tiny": "toolserver.backends.tiny:grounding_tiny",
     "sam-tiny": "toolserver.backends.tiny:sam_tiny",
     "flux2-tiny": "toolserver.backends.tiny:flux2_tiny",
+    # Takes time and nothing else (concurrency benchmarks/tests); never a default
+    "latency": "toolserver.backends.latency:latency",
 }
 
 
