@@ -16,8 +16,10 @@ Each task becomes a :class:`canvasagent.tasks.Task` of family ``easel``:
 and ``step k/B`` (and S for reconstruction); by default the policy sees only the
 newest canvas image (``AgentConfig.keep_canvas_images``). The session's budget is the
 category budget (or ``AgentConfig.budget``); the runner's turn cap is the
-budget + ``extra_turns`` so unparseable or invalid replies (which the runner
-rejects before the canvas sees them) cannot loop forever. When the budget is
+budget + ``extra_turns`` so unparseable replies cannot loop forever. A
+``brush_stroke`` or ``undo`` the runner's schema check refuses before the canvas
+sees it still costs its step (:func:`charge_refused`), as the prompt states; a
+reply with no parseable call costs none. When the budget is
 spent the episode ends as if submitted. Each episode's trajectory is saved
 under ``OUT/trajectories/<task id>/``; scores are computed from the session.
 """
@@ -82,6 +84,7 @@ def agent_task(task: Any, budget: int, task_id: str) -> Task:
     """The episode's Task: images and an instruction that states the budget and rules."""
     res = task.initial_canvas().shape[0]
     rules = (f"You have {budget} steps: every brush_stroke (accepted or rejected) and every undo costs one. "
+             "A reply without a tool call costs none. "
              "Call submit when the canvas is finished. Each tool reply shows the updated canvas.")
     if is_reconstruction(task):
         images = [to_pil(task.reference), to_pil(task.initial_canvas())]
@@ -246,6 +249,31 @@ class AgentPolicySource:
 
 # -- running -------------------------------------------------------------------------------------
 
+def charge_refused(session: CanvasSession):
+    """An `on_turn` callback: a brush_stroke or undo refused by the runner's schema check (it never
+    reached the canvas handler) spends one step of `session`, the reply the policy sees says so,
+    and the episode ends when that was the last step."""
+
+    def on_turn(turn: Any, ep: Any) -> None:
+        call = turn.call
+        if call is None or call.name not in ("brush_stroke", "undo") or turn.status != "error" or "steps_used" in turn.result_data:
+            return
+        r = session.charge(call.name, call.arguments if isinstance(call.arguments, dict) else {}, f"refused: {turn.error}")
+        turn.result_data = {**turn.result_data, "steps_used": r.steps_used, "budget": session.budget, "charged": True}
+        note = f" This refused call used step {r.steps_used}/{session.budget}." + (" Episode finished." if r.done else "")
+        turn.observation = (turn.observation or "") + note
+        last = ep.messages[-1] if ep.messages else None
+        if last is not None and last.get("role") == "tool":
+            for part in reversed(last["content"]):
+                if part.get("type") == "text":
+                    part["text"] += note
+                    break
+        if r.done and not ep.done:
+            ep.finish("budget")
+
+    return on_turn
+
+
 @dataclass
 class AgentEpisode:
     task_id: str
@@ -267,7 +295,7 @@ def play(source: AgentPolicySource, easel_task: Any, cfg: AgentConfig, out_dir: 
     task = agent_task(easel_task, budget, tid)
     policy = source.for_task(easel_task, task, budget)
     traj = run_episode(policy, task, NoToolbox(), EpisodeConfig(max_turns=budget + cfg.extra_turns, family="easel"),
-                       stateful=CanvasTools(session).handlers())
+                       stateful=CanvasTools(session).handlers(), on_turn=charge_refused(session))
     traj.meta["easel"] = {"steps_used": session.steps_used, "budget": budget,
                           "strokes": session.strokes.round(6).tolist(), "s_curve": list(session.s_curve)}
     tdir = None

@@ -122,6 +122,14 @@ class CanvasSession:
             self.s_curve.append(s)
         return StepResult(ok, msg, self.done, self.steps_used, s)
 
+    def charge(self, tool: str, arguments: dict | None, reason: str) -> StepResult:
+        """Spend one step on a call refused before it reached the canvas (the episode runner's
+        schema check), so a refused stroke costs what a rejected one does. Nothing is painted;
+        a finished session is not charged."""
+        if self.done:
+            return StepResult(False, "episode finished", True, self.steps_used)
+        return self._consume(str(tool), dict(arguments or {}), False, reason)
+
     def brush_stroke(self, params: np.ndarray | list[float]) -> StepResult:
         p = np.asarray(params, dtype=np.float64)
         if self.fixed_appearance and p.size == 6:

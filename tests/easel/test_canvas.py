@@ -97,3 +97,34 @@ def test_session_never_crashes_on_arbitrary_arguments(args):
         assert s.strokes.shape == (1, 13) and np.all((s.strokes >= 0) & (s.strokes <= 1))
     else:
         assert np.array_equal(s.canvas, render.blank_canvas(16))
+
+
+def test_strokes_the_schema_refuses_use_up_the_budget_the_prompt_states(tmp_path):
+    """The prompt says every brush_stroke, accepted or rejected, costs a step; a stroke the runner's
+    schema check refuses (xs = 1.5 is outside [0, 1]) never reaches the canvas and still costs one."""
+    import json
+
+    from canvasagent.easel import agent
+    from canvasagent.protocol import format_reply
+    from toolserver.registry import REGISTRY
+
+    assert "[0, 1]" in REGISTRY["brush_stroke"].description and "0-1000" in REGISTRY["brush_stroke"].description
+    good = {k: 0.5 for k in render.PARAM_NAMES}
+    bad = {**good, "xs": 1.5}
+    replies = [format_reply("paint", {"name": "brush_stroke", "arguments": bad}),
+               format_reply("paint", {"name": "brush_stroke", "arguments": good}),
+               "no call at all",  # costs no step
+               format_reply("paint", {"name": "brush_stroke", "arguments": bad})]
+    (tmp_path / "r.json").write_text(json.dumps(replies))
+    task = tasks.make_reconstruction("programmatic", 0)
+    prompt = agent.agent_task(task, 3, "t").instruction
+    assert "every brush_stroke (accepted or rejected)" in prompt and "without a tool call costs none" in prompt
+    ep = agent.play(agent.AgentPolicySource(f"replay:{tmp_path / 'r.json'}"), task, agent.AgentConfig(budget=3), tmp_path)
+    assert ep.stop_reason == "budget" and ep.session.steps_used == 3 and ep.turns == 4
+    assert [e.ok for e in ep.session.history] == [False, True, False]
+    assert ep.session.strokes.shape == (1, 13)  # the refused strokes painted nothing
+    traj = json.loads((tmp_path / "trajectories" / "programmatic-0000" / "trajectory.json").read_text())
+    assert "used step 1/3" in traj["turns"][0]["observation"] and traj["turns"][0]["result_data"]["charged"]
+    # An accepted in-range stroke is exactly what the session applies directly.
+    s = CanvasSession.for_task(task)
+    assert s.call("brush_stroke", good).ok and not s.call("brush_stroke", bad).ok
