@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import threading
 from typing import Any, Callable, Literal
 
 from PIL import Image
@@ -26,6 +27,7 @@ from toolserver.registry import ArgSpec, ToolSpec, get_tool, tools
 
 log = logging.getLogger(__name__)
 
+_TOOLBOX_LOCK = threading.Lock()
 _JSON_TO_PY = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
 
 
@@ -118,9 +120,12 @@ class CanvasEnv:
 
     @classmethod
     def toolbox(cls) -> Any:
+        # Rollouts call tools from a thread pool (trl_multimodal): the first callers may race here.
         if cls._toolbox is None:
-            assert cls._toolbox_factory is not None, "use make_env_class()"
-            cls._toolbox = cls._toolbox_factory()
+            with _TOOLBOX_LOCK:
+                if cls._toolbox is None:
+                    assert cls._toolbox_factory is not None, "use make_env_class()"
+                    cls._toolbox = cls._toolbox_factory()
         return cls._toolbox
 
     def reset(self, **row: Any) -> None:

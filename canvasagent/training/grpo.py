@@ -53,7 +53,8 @@ def grpo_args(cfg: TrainConfig, reward_weights: list[float], with_deepspeed: boo
 
 def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
     # Not TRL's GRPOTrainer: a sampled vision placeholder token crashes it (issue #5, trl_multimodal).
-    from canvasagent.training.trl_multimodal import CanvasGRPOTrainer
+    from canvasagent.training.common import load_tools_config
+    from canvasagent.training.trl_multimodal import CanvasGRPOTrainer, ToolConcurrency
 
     ws = workspace(cfg)
     model, processor = load_model_and_processor(ws, padding_side="left")
@@ -70,6 +71,7 @@ def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
         environment_factory=ws.env_cls,
         peft_config=peft_config(cfg),
         callbacks=[RewardCurves(ws.output_dir), CompleteCheckpoints(ws.model_path), *(callbacks or [])],
+        tool_concurrency=ToolConcurrency.from_tools_config(load_tools_config(cfg)),
     )
     return trainer, processor, ws
 

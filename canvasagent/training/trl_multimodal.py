@@ -33,6 +33,18 @@ e.g. vLLM) just before it, as if the length limit had hit there: a prefix of a s
 so the kept tokens' log-probs stay valid, and the cut turn makes no tool call. Then image tokens,
 ``pixel_values`` and ``image_grid_thw`` always agree and TRL's truncation safety never fires.
 
+Concurrent tool calls
+---------------------
+TRL's ``_tool_call_loop`` calls the tools of one turn rollout after rollout, synchronously, so a
+generation step waits ``rollouts x latency`` per turn and a batching tool server never sees more
+than one call per process. The override keeps TRL's loop (masks, rollback of overlong results,
+multimodal fields) and changes only *when* the environment methods run: the first time TRL asks
+for a call in a turn, every pending call of that turn (the tool calls of each rollout's newest
+assistant message not yet run) is started in a bounded thread pool; TRL then consumes the results
+in its own order. One rollout's calls still run in order on its own environment; different
+rollouts run at once, each under its tool's concurrency cap (``ToolConcurrency``, from the tools
+config). Standalone ``tools=`` functions (shared, maybe not thread-safe) run as TRL runs them.
+
 Checked against TRL 1.16.0 only, the newest release on PyPI when this was written, so upgrading is
 no way out. On another version the override's signature is verified: a changed one refuses to
 build, an unchanged one runs with a warning to re-check whether upstream fixed the bug.
@@ -42,7 +54,11 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 from trl import GRPOTrainer
 
@@ -53,9 +69,13 @@ CHECKED_TRL_VERSIONS: tuple[str, ...] = ("1.16.0",)
 # The TRL methods overridden here, with the parameters the override was written against.
 _OVERRIDDEN: dict[str, tuple[str, ...]] = {
     "_generate_single_turn": ("self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"),
+    "_tool_call_loop": (
+        "self", "prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields",
+    ),
 }
-# TRL attributes the override reads (set in GRPOTrainer.__init__).
-_USED_ATTRS = ("_tokenizer", "_is_vlm", "use_vllm")
+# TRL attributes the overrides read (set in GRPOTrainer.__init__; the tool loop's per-batch
+# `_sync_tool_dicts` and `environments` are checked where they are used).
+_USED_ATTRS = ("_tokenizer", "_is_vlm", "use_vllm", "environment_factories")
 
 VISION_TOKENS: tuple[str, ...] = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
 _CONFIG_IDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
@@ -119,12 +139,182 @@ def cut_at_vision_tokens(
     return out_ids, out_lps, n_cut
 
 
-class CanvasGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer whose sampled turns never hold a vision placeholder token (see the module doc)."""
+@dataclass(frozen=True)
+class ToolConcurrency:
+    """How many environment tool calls one training process runs at once.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    `max_workers`: the pool size (None: one thread per rollout of the batch); `per_tool`: caps for
+    single tools under it (a tool absent from it is capped only by the pool). `enabled=False`
+    keeps TRL's serial loop.
+    """
+
+    max_workers: int | None = None
+    per_tool: Mapping[str, int] = field(default_factory=dict)
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_workers is not None and self.max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1 or None, got {self.max_workers}")
+        bad = {k: v for k, v in self.per_tool.items() if not isinstance(v, int) or v < 1}
+        if bad:
+            raise ValueError(f"per-tool concurrency caps must be integers >= 1, got {bad}")
+
+    @classmethod
+    def from_tools_config(cls, cfg: Any, enabled: bool = True) -> "ToolConcurrency":
+        """From a `canvasagent.config.ToolsConfig` (`max_concurrent_calls`, `concurrency`)."""
+        return cls(getattr(cfg, "max_concurrent_calls", None), dict(getattr(cfg, "concurrency", None) or {}), enabled)
+
+
+@dataclass
+class _Ran:
+    name: str
+    arguments: dict[str, Any]
+    value: Any = None
+    error: BaseException | None = None
+
+
+class ConcurrentToolRunner:
+    """Runs groups of tool calls at once: the groups in parallel, each group's calls in order.
+
+    Thread-safe per group only: a group must own what its calls touch (one rollout's env).
+    `turn_wait_s` records the wall time of each `run` (one per tool-loop turn).
+    """
+
+    def __init__(self, limits: ToolConcurrency | None = None):
+        self.limits = limits or ToolConcurrency()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
+        self._caps = {tool: threading.BoundedSemaphore(n) for tool, n in self.limits.per_tool.items()}
+        self.turn_wait_s: list[float] = []
+
+    def _executor(self, n_groups: int) -> ThreadPoolExecutor:
+        want = self.limits.max_workers or n_groups
+        if self._pool is None or (self.limits.max_workers is None and want > self._pool_size):
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self._pool, self._pool_size = ThreadPoolExecutor(max_workers=want, thread_name_prefix="tool-call"), want
+        return self._pool
+
+    def _run_group(self, calls: list[tuple[str, Callable[..., Any], dict[str, Any]]]) -> list[_Ran]:
+        out = []
+        for name, fn, arguments in calls:
+            ran = _Ran(name, arguments)
+            cap = self._caps.get(name)
+            try:
+                if cap is not None:
+                    with cap:
+                        ran.value = fn(**arguments)
+                else:
+                    ran.value = fn(**arguments)
+            except Exception as e:  # TRL turns a raising tool into an error message; so do we, later
+                ran.error = e
+            out.append(ran)
+        return out
+
+    def run(self, groups: list[list[tuple[str, Callable[..., Any], dict[str, Any]]]]) -> list[list[_Ran]]:
+        """Run every group; returns each group's outcomes in call order."""
+        t0 = time.perf_counter()
+        if len(groups) <= 1:
+            results = [self._run_group(g) for g in groups]
+        else:
+            pool = self._executor(len(groups))
+            results = [f.result() for f in [pool.submit(self._run_group, g) for g in groups]]
+        self.turn_wait_s.append(time.perf_counter() - t0)
+        return results
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class _TurnPrefetch:
+    """Stands in for TRL's per-rollout sync tool dicts during one `_tool_call_loop`.
+
+    The first call TRL makes in a turn runs all pending env calls of the turn at once: for each
+    rollout, the calls of its newest message if that is an assistant message with tool calls not
+    yet run (exactly the calls TRL is about to make, in its order). Each later call returns the
+    outcome already computed, matched by rollout, name and arguments; anything unmatched is
+    called directly, as TRL would have.
+    """
+
+    def __init__(self, completions: list[list[dict[str, Any]]], tool_dicts: list[dict[str, Callable]],
+                 environments: list[Any], runner: ConcurrentToolRunner):
+        self.completions, self.tool_dicts, self.environments = completions, tool_dicts, environments
+        self.runner = runner
+        # id(message) -> (message, outcomes); the message is kept so its id is never reused.
+        self._ran: dict[int, tuple[dict[str, Any], list[_Ran]]] = {}
+
+    def _env_tools(self, i: int) -> dict[str, Callable]:
+        env = self.environments[i] if i < len(self.environments) else None
+        return {n: f for n, f in self.tool_dicts[i].items() if env is not None and getattr(f, "__self__", None) is env}
+
+    def dicts(self) -> list[dict[str, Callable]]:
+        out = []
+        for i, tools in enumerate(self.tool_dicts):
+            wrapped = dict(tools)
+            for name, fn in self._env_tools(i).items():
+                wrapped[name] = self._proxy(i, name, fn)
+            out.append(wrapped)
+        return out
+
+    def _proxy(self, i: int, name: str, fn: Callable) -> Callable:
+        def call(**arguments: Any) -> Any:
+            return self._result(i, name, fn, arguments)
+
+        call.__name__ = name
+        return call
+
+    def _pending(self) -> tuple[list[int], list[list[tuple[str, Callable, dict[str, Any]]]]]:
+        rows, groups = [], []
+        for i, comp in enumerate(self.completions):
+            msg = comp[-1] if comp else None
+            if not msg or msg.get("role") != "assistant" or not msg.get("tool_calls") or id(msg) in self._ran:
+                continue
+            env_tools = self._env_tools(i)
+            calls = []
+            for tc in msg["tool_calls"]:
+                fn_call = tc.get("function") if isinstance(tc, dict) and tc.get("type") == "function" else None
+                # Only calls TRL will route to an env method with keyword arguments reach us.
+                if fn_call and fn_call.get("name") in env_tools and isinstance(fn_call.get("arguments"), dict):
+                    calls.append((fn_call["name"], env_tools[fn_call["name"]], dict(fn_call["arguments"])))
+            self._ran[id(msg)] = (msg, [])
+            if calls:
+                rows.append(i)
+                groups.append(calls)
+        return rows, groups
+
+    def _result(self, i: int, name: str, fn: Callable, arguments: dict[str, Any]) -> Any:
+        comp = self.completions[i]
+        msg = comp[-1] if comp else None
+        if msg is not None and id(msg) not in self._ran:
+            rows, groups = self._pending()
+            for row, outcomes in zip(rows, self.runner.run(groups)):
+                self._ran[id(self.completions[row][-1])][1].extend(outcomes)
+        outcomes = self._ran.get(id(msg), (None, []))[1] if msg is not None else []
+        for k, ran in enumerate(outcomes):
+            if ran.name == name and ran.arguments == arguments:
+                del outcomes[k]
+                if ran.error is not None:
+                    raise ran.error
+                return ran.value
+        log.debug("tool call %s of rollout %d was not prefetched; calling it directly", name, i)
+        return fn(**arguments)
+
+
+class CanvasGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose sampled turns never hold a vision placeholder token and whose environment
+    tool calls run concurrently across rollouts (see the module doc).
+
+    `tool_concurrency`: pool size and per-tool caps (default: one thread per rollout, no caps);
+    `ToolConcurrency(enabled=False)` keeps TRL's serial tool loop.
+    """
+
+    def __init__(self, *args: Any, tool_concurrency: ToolConcurrency | None = None, **kwargs: Any) -> None:
         check_trl_compat()
         super().__init__(*args, **kwargs)
+        limits = tool_concurrency or ToolConcurrency()
+        self.tool_runner: ConcurrentToolRunner | None = ConcurrentToolRunner(limits) if limits.enabled else None
         missing = [a for a in _USED_ATTRS if not hasattr(self, a)]
         if missing:
             raise RuntimeError(f"GRPOTrainer no longer sets {missing}; re-check canvasagent/training/trl_multimodal.py")
@@ -156,3 +346,16 @@ class CanvasGRPOTrainer(GRPOTrainer):
                 "cut before it", n_cut, len(completion_ids),
             )
         return completion_ids, logprobs
+
+    def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
+        runner = self.tool_runner
+        tool_dicts = getattr(self, "_sync_tool_dicts", None)
+        environments = getattr(self, "environments", None)
+        if runner is None or self.environment_factories is None or not tool_dicts or not environments:
+            return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)
+        prefetch = _TurnPrefetch(completions, tool_dicts, environments, runner)
+        self._sync_tool_dicts = prefetch.dicts()
+        try:
+            return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields)
+        finally:
+            self._sync_tool_dicts = tool_dicts
