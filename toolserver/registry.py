@@ -269,9 +269,11 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
 _EASEL_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "brush_stroke",
-        "Paints one quadratic Bezier brush stroke on the canvas. All 13 parameters are normalised to [0, 1]: "
+        "Paints one quadratic Bezier brush stroke on the canvas. All 13 parameters are numbers in [0, 1] "
+        "(coordinates as fractions of the canvas side, 0,0 = top-left; values outside are refused): "
         "start (xs, ys), control (xc, yc), end (xe, ye); radius and opacity at the start (rs, os) and end "
-        "(re, oe), linearly interpolated along the stroke; and one RGB colour (cr, cg, cb).",
+        "(re, oe), linearly interpolated along the stroke; and one RGB colour (cr, cg, cb). EASEL-Data's "
+        "integer 0-1000 coordinates are divided by 1000 before this schema is checked (coords: int1000).",
         (
             _unit("xs", "Start x."),
             _unit("ys", "Start y."),
