@@ -1,4 +1,8 @@
-"""`canvasagent chat --image img_1=PATH … [--policy SPEC]`: a human-in-the-loop terminal session."""
+"""`canvasagent chat --image img_1=PATH … [--policy SPEC]`: a human-in-the-loop terminal session.
+
+`canvasagent chat --easel REF [--budget N]`: paint REF (an image file or a scikit-image sample
+name) stroke by stroke in EASEL, with the step, S and the saved canvas shown after every stroke.
+"""
 
 from __future__ import annotations
 
@@ -17,11 +21,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--auto", action="store_true", help="approve every proposed call without asking")
     p.add_argument("--out", default=None, help="session dir (default runs/chat-<time>); images and trajectory are saved each step")
     p.add_argument("--max-turns", type=int, default=12)
+    p.add_argument("--easel", default=None, metavar="REF",
+                   help="paint REF stroke by stroke instead (an image file or astronaut|chelsea|coffee|rocket)")
+    p.add_argument("--budget", type=int, default=20, help="--easel: steps (strokes and undos)")
+    p.add_argument("--size", type=int, default=128, help="--easel: canvas side in pixels")
     add_tools_config_arg(p)
     p.set_defaults(func=run)
 
 
+def run_paint(args: argparse.Namespace) -> int:
+    from canvasagent.interactive.paint import PaintCommandError, PaintSession, load_reference, paint_chat
+
+    out = args.out or f"runs/paint-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        ps = PaintSession(load_reference(args.easel, args.size), args.budget, out_dir=out)
+    except PaintCommandError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    paint_chat(ps)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.easel:
+        return run_paint(args)
     from canvasagent.config import make_toolbox
     from canvasagent.episode import EpisodeConfig
     from canvasagent.interactive.session import Session
