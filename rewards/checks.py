@@ -3,35 +3,48 @@
 The offline alignment judge scores a trajectory by running the checks its task declares. The
 CanvasCraft RL builder emits them (it knows what the chain it executed must produce), and a
 user can write them by hand. Each check is a JSON-able dict with a `type`, an optional `weight`
-(default 1.0) and type-specific fields:
+(default 1.0) and the type-specific fields below.
 
-| type | fields | scores |
-|---|---|---|
-| `reference_similarity` | exactly one source: `image_index` (into `task.meta["reference_images"]`, PIL images or paths), `path` (a file; relative paths resolve against `task.meta["root"]`) or `asset` (an input ID such as `"img_2"`); `metric` `ssim` (default) / `psnr` / `l1`; `threshold` (optional); `size` (compare at this side, default 128) | similarity of the final image to the reference in [0, 1]; with a threshold, min(1, sim / threshold) |
-| `ocr_contains` | `text`; `case_sensitive` (false); `fuzzy` (true) | 1 if the OCR tool reads `text` in the final image, else (fuzzy) the best similarity ratio of `text` to any same-length window of what was read, else 0 |
-| `size_relation` | `of` (asset ID, default `img_1`) with `factor` (final = factor × of, per side) or `relation` `larger` / `smaller` / `equal`; or absolute `width` / `height`; `tolerance` (relative, 0.02) | 1 or 0 |
-| `orientation` | `orientation` `landscape` / `portrait` / `square`, or `relation` `same` / `swapped` with `of` (asset ID); `tolerance` (0.02) | 1 or 0 |
-| `asset_kind` | `kind` `image` / `mask` / `rgba`; `tool` (optional: made by this tool); `final` (false: the final image must be it) | 1 if a produced asset qualifies, else 0 |
-| `grounding_finds` | `text`; `region` (optional [x0, y0, x1, y1] in 0-1000); `min_iou` (0.1) | 1 if the grounding tool finds `text` in the final image (inside `region`: min(1, best IoU / min_iou)), else 0 |
-| `differs_from` | `of` (asset ID, default `img_1`); `min_change` (mean absolute difference on [0, 1], default 0.02) | min(1, change / min_change): the edit really changed the image |
+Every check is *calibrated against doing nothing*: its score says what the trajectory achieved
+compared with leaving the input as it was (the `baseline`, by default `img_1`). A no-op, a wrong
+transform, a wrong parameter or a wrong asset scores near 0; the intended result scores 1. Each
+check also says whether it *passed* its threshold; a task succeeds only when every verifiable
+check passed (`all_passed`), and the mean score is reported separately as partial credit.
+
+| type | fields | score (calibration) | passes when |
+|---|---|---|---|
+| `reference_similarity` | exactly one source: `image_index` (into `task.meta["reference_images"]`), `path` (relative to `task.meta["root"]`) or `asset`; `metric` `ssim` (default) / `psnr` / `l1`; `size` (compare at this side, 128); `baseline` (asset ID, `img_1`; null: uncalibrated); `exact` (false); `threshold` (0.9) | gain = (sim(final, ref) − sim(baseline, ref)) / (1 − sim(baseline, ref)), clipped to [0, 1], times the size agreement min(w/w′, w′/w)·min(h/h′, h′/h). With `exact`, a pixel-exact match (same size, mean absolute difference ≤ `exact_tolerance`, 0.5/255) scores 1 and anything else scores `inexact_scale` (0.5) × gain | exact: the match is exact; otherwise score ≥ threshold |
+| `ocr_contains` | `text`; `case_sensitive` (false); `fuzzy` (true); `min_ratio` (0.6); `baseline` (`img_1`) | r = 1 if the OCR tool reads `text` in the final image, else (fuzzy) the best similarity ratio of `text` to a same-length window of what was read, and 0 below `min_ratio` (no credit for text that is not there); calibrated as (r − r₀) / (1 − r₀) with r₀ the same reading of the baseline. Unverifiable when the baseline already reads the text (doing nothing would pass) | the text is read exactly |
+| `answer_contains` | `text`; `tool` (OCR); `case_sensitive` (false) | 1 if a successful call of `tool` in the trajectory answered with `text` (normalised, spaces ignored), else 0; doing nothing answers nothing | score is 1 |
+| `size_relation` | `of` (asset ID, default `img_1`) with `factor` (final = factor × of, per side) or `relation` `larger` / `smaller` / `equal`; or absolute `width` / `height`; `tolerance` (relative, 0.02) | 1 or 0; a no-op fails any relation but `equal` | score is 1 |
+| `orientation` | `orientation` `landscape` / `portrait` / `square`, or `relation` `same` / `swapped` with `of` (asset ID); `tolerance` (0.02) | 1 or 0 | score is 1 |
+| `asset_kind` | `kind` `image` / `mask` / `rgba`; `tool` (optional: made by this tool); `final` (false: the final image must be it) | 1 if a produced asset qualifies, else 0 (a no-op produces nothing) | score is 1 |
+| `grounding_finds` | `text`; `region` (optional [x0, y0, x1, y1] in 0-1000); `min_iou` (0.1) | 1 if the grounding tool finds `text` in the final image (inside `region`: min(1, best IoU / min_iou)), else 0 | score is 1 |
+| `differs_from` | `of` (asset ID, default `img_1`); `min_change` (mean absolute difference on [0, 1], default 0.02) | min(1, change / min_change). Necessary, not sufficient: any change passes, so builders pair it with a check of what the change should be | change ≥ min_change |
 
 Rules every check obeys:
 
-* No final image: every check scores 0 (`no_final_image`).
+* No final image: every check scores 0 (`no_final_image`) and fails.
 * **Plumbing-only results never count as success.** If the final image (or any asset it was
   made from) came from a random-weight backend, every check scores 0 (`plumbing_only`); an
   `asset_kind` check ignores plumbing-only assets. If the judge's own OCR/grounding tool
   answers with a plumbing-only result, the check is unverifiable (it measured nothing).
 * A check that cannot be evaluated — unknown type, malformed fields, the OCR/grounding tool
-  unavailable — is *unverifiable*: it is left out of the mean, and its reason is logged and
-  reported. If no check is verifiable, the judge returns its configured fallback, counted.
+  unavailable, a baseline that already passes — is *unverifiable*: it is left out of the mean
+  and of `all_passed`, and its reason is logged and reported. If no check is verifiable, the
+  judge returns its configured fallback, counted.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import logging
 import re
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -51,6 +64,7 @@ log = logging.getLogger(__name__)
 CHECK_TYPES = (
     "reference_similarity",
     "ocr_contains",
+    "answer_contains",
     "size_relation",
     "orientation",
     "asset_kind",
@@ -65,6 +79,7 @@ class CheckResult:
     score: float | None  # None: unverifiable
     reason: str = ""
     weight: float = 1.0
+    passed: bool = False  # met its threshold (meaningless when unverifiable)
 
     @property
     def verifiable(self) -> bool:
@@ -107,13 +122,59 @@ class CheckContext:
             if self.toolbox is None:
                 self._tool_cache[key] = ToolResult.failure("no_toolbox", f"no toolbox to run {tool}")
             else:
-                req = ToolRequest(tool, {"image": "final", **args}, {"image": image}, {"image": "final", **args},
-                                  getattr(self.toolbox, "profile", None) or _default_profile())
-                try:
-                    self._tool_cache[key] = self.toolbox.call(req)
-                except Exception as e:  # a remote toolbox down must not crash scoring
-                    self._tool_cache[key] = ToolResult.failure("toolbox_error", f"{type(e).__name__}: {e}")
+                self._tool_cache[key] = _TOOL_ANSWERS.get(self.toolbox, tool, args, image)
         return self._tool_cache[key]
+
+
+class _ToolAnswers:
+    """Successful judge-side tool answers by image content, per toolbox, shared by every check
+    context.
+
+    GRPO scores n rollouts of one task, and each calibrated check reads the same baseline input
+    (and often the same final image) with the same tool; an OCR call costs ~0.1-0.5 s on a CPU.
+    Failures are not kept, so a toolbox that comes back is asked again.
+    """
+
+    def __init__(self, size: int = 512):
+        self._lock = threading.Lock()
+        self._by_toolbox: "weakref.WeakKeyDictionary[Any, OrderedDict[tuple, ToolResult]]" = weakref.WeakKeyDictionary()
+        self._size = size
+
+    @staticmethod
+    def _digest(image: Image.Image) -> bytes:
+        h = hashlib.blake2b(f"{image.mode}{image.size}".encode(), digest_size=16)
+        h.update(image.tobytes())
+        return h.digest()
+
+    def _table(self, toolbox: Any) -> "OrderedDict[tuple, ToolResult] | None":
+        try:
+            return self._by_toolbox.setdefault(toolbox, OrderedDict())
+        except TypeError:  # not weak-referenceable: no sharing
+            return None
+
+    def get(self, toolbox: Any, tool: str, args: dict[str, Any], image: Image.Image) -> ToolResult:
+        key = (tool, json.dumps(args, sort_keys=True, default=str), self._digest(image))
+        with self._lock:
+            table = self._table(toolbox)
+            hit = table.get(key) if table is not None else None
+            if hit is not None:
+                table.move_to_end(key)
+                return hit
+        req = ToolRequest(tool, {"image": "final", **args}, {"image": image}, {"image": "final", **args},
+                          getattr(toolbox, "profile", None) or _default_profile())
+        try:
+            res = toolbox.call(req)
+        except Exception as e:  # a remote toolbox down must not crash scoring
+            return ToolResult.failure("toolbox_error", f"{type(e).__name__}: {e}")
+        if res.ok and table is not None:
+            with self._lock:
+                table[key] = res
+                while len(table) > self._size:
+                    table.popitem(last=False)
+        return res
+
+
+_TOOL_ANSWERS = _ToolAnswers()
 
 
 def _default_profile():
@@ -136,11 +197,15 @@ def _asset_image(ctx: CheckContext, asset_id: Any) -> Image.Image:
 
 
 def _rgb_array(img: Image.Image, size: int) -> np.ndarray:
+    """RGB on [0, 1] (RGBA composited on white), resized to size x size (0: native size)."""
     if img.mode == "RGBA":
         bg = Image.new("RGB", img.size, (255, 255, 255))
         bg.paste(img, mask=img.getchannel("A"))
         img = bg
-    return np.asarray(img.convert("RGB").resize((size, size), Image.Resampling.BILINEAR), dtype=np.float32) / 255.0
+    img = img.convert("RGB")
+    if size:
+        img = img.resize((size, size), Image.Resampling.BILINEAR)
+    return np.asarray(img, dtype=np.float32) / 255.0
 
 
 def similarity(a: Image.Image, b: Image.Image, metric: str = "ssim", size: int = 128) -> float:
@@ -245,32 +310,125 @@ def _tool_answer(ctx: CheckContext, tool: str, args: dict[str, Any], image: Imag
 # -- evaluators -------------------------------------------------------------------------------
 
 
+def calibrated(value: float, baseline: float) -> float | None:
+    """What a result achieved over doing nothing, on [0, 1]: 0 at the baseline's value, 1 at a
+    perfect result; None when the baseline is already perfect (nothing left to measure)."""
+    if baseline >= 1.0 - 1e-6:
+        return None
+    return float(min(1.0, max(0.0, (value - baseline) / (1.0 - baseline))))
+
+
+def _baseline(ctx: CheckContext, check: dict[str, Any]) -> Image.Image | None:
+    """The image doing nothing leaves: `baseline` (default `img_1`); None if uncalibrated or the
+    task has no input image."""
+    b = check.get("baseline", "img_1")
+    if b is None:
+        return None
+    if not isinstance(b, str):
+        raise CheckError(f"baseline must be an asset ID or null, not {b!r}")
+    if b not in ctx.store:
+        if "baseline" in check:
+            raise CheckError(f"unknown baseline asset {b!r}")
+        return None
+    return ctx.store.get(b).image
+
+
+def _size_agreement(a: tuple[int, int], b: tuple[int, int]) -> float:
+    (aw, ah), (bw, bh) = a, b
+    if min(aw, ah, bw, bh) <= 0:
+        return 0.0
+    return min(aw / bw, bw / aw) * min(ah / bh, bh / ah)
+
+
+def exact_match(a: Image.Image, b: Image.Image, tolerance: float = 0.5 / 255) -> bool:
+    """Same size and a mean absolute difference of at most `tolerance` on [0, 1] (RGB, RGBA
+    composited on white): what a deterministic tool chain reproduces."""
+    if a.size != b.size:
+        return False
+    x = _rgb_array(a, 0)
+    y = _rgb_array(b, 0)
+    return float(np.abs(x - y).mean()) <= tolerance
+
+
 def _reference_similarity(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
-    sim = similarity(final, _reference(ctx, check), str(check.get("metric", "ssim")), int(check.get("size", 128)))
-    thr = check.get("threshold")
-    score = sim if thr is None else min(1.0, sim / float(thr)) if float(thr) > 0 else 1.0
-    return CheckResult("reference_similarity", score, f"similarity {sim:.3f}")
+    ref = _reference(ctx, check)
+    metric, size = str(check.get("metric", "ssim")), int(check.get("size", 128))
+    thr = float(check.get("threshold", 0.9))
+    exact = bool(check.get("exact", False))
+    if exact and exact_match(final, ref, float(check.get("exact_tolerance", 0.5 / 255))):
+        return CheckResult("reference_similarity", 1.0, "exact match", passed=True)
+    sim = similarity(final, ref, metric, size)
+    base = _baseline(ctx, check)
+    if base is None:
+        gain, how = sim, f"similarity {sim:.3f} (uncalibrated)"
+    else:
+        sim0 = similarity(base, ref, metric, size)
+        g = calibrated(sim, sim0)
+        if g is None:
+            return CheckResult("reference_similarity", None, "baseline_equals_reference: doing nothing already matches")
+        gain, how = g, f"similarity {sim:.3f} vs {sim0:.3f} doing nothing"
+    score = gain * _size_agreement(final.size, ref.size)
+    if exact:
+        score *= float(check.get("inexact_scale", 0.5))
+        return CheckResult("reference_similarity", score, f"not exact; {how}", passed=False)
+    return CheckResult("reference_similarity", score, how, passed=score >= thr)
+
+
+def _read_ratio(read: str, want: str, fuzzy: bool, min_ratio: float) -> float:
+    if want in read or want.replace(" ", "") in read.replace(" ", ""):
+        return 1.0
+    if not fuzzy:
+        return 0.0
+    hay, needle = read.replace(" ", ""), want.replace(" ", "")
+    n = len(needle)
+    best = 0.0
+    for i in range(max(1, len(hay) - n + 1)):
+        best = max(best, difflib.SequenceMatcher(None, needle, hay[i : i + n]).ratio())
+    return best if best >= min_ratio else 0.0
 
 
 def _ocr_contains(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
     target = check.get("text")
     if not isinstance(target, str) or not target.strip():
         raise CheckError("ocr_contains needs a non-empty 'text'")
-    ans = _tool_answer(ctx, "OCR", {}, final)
-    if isinstance(ans, CheckResult):
-        return ans
+    cs, fuzzy = bool(check.get("case_sensitive", False)), bool(check.get("fuzzy", True))
+    min_ratio = float(check.get("min_ratio", 0.6))
+    want = _norm_text(target, cs)
+
+    def ratio(img: Image.Image) -> float | CheckResult:
+        ans = _tool_answer(ctx, "OCR", {}, img)
+        if isinstance(ans, CheckResult):
+            return ans
+        return _read_ratio(_norm_text(_ocr_text(ans), cs), want, fuzzy, min_ratio)
+
+    r = ratio(final)
+    if isinstance(r, CheckResult):
+        return r
+    base = _baseline(ctx, check)
+    r0 = 0.0
+    if base is not None:
+        got = ratio(base)
+        if isinstance(got, CheckResult):
+            return got
+        r0 = got
+    score = calibrated(r, r0)
+    if score is None:
+        return CheckResult("ocr_contains", None, f"baseline_already_reads {target!r}: doing nothing would pass")
+    return CheckResult("ocr_contains", score, f"read ratio {r:.2f} vs {r0:.2f} doing nothing", passed=r >= 1.0)
+
+
+def _answer_contains(ctx: CheckContext, check: dict[str, Any], final: Image.Image | None) -> CheckResult:
+    target = check.get("text")
+    if not isinstance(target, str) or not target.strip():
+        raise CheckError("answer_contains needs a non-empty 'text'")
+    tool = str(check.get("tool", "OCR"))
     cs = bool(check.get("case_sensitive", False))
-    read, want = _norm_text(_ocr_text(ans), cs), _norm_text(target, cs)
-    if want in read or want.replace(" ", "") in read.replace(" ", ""):
-        return CheckResult("ocr_contains", 1.0, f"found {target!r}")
-    if not check.get("fuzzy", True):
-        return CheckResult("ocr_contains", 0.0, f"{target!r} not in OCR text {read[:60]!r}")
-    hay, needle = read.replace(" ", ""), want.replace(" ", "")
-    n = len(needle)
-    best = 0.0
-    for i in range(max(1, len(hay) - n + 1)):
-        best = max(best, difflib.SequenceMatcher(None, needle, hay[i : i + n]).ratio())
-    return CheckResult("ocr_contains", best, f"closest match to {target!r}: ratio {best:.2f}")
+    want = _norm_text(target, cs).replace(" ", "")
+    for t in ctx.trajectory.turns:
+        if t.call is not None and t.call.name == tool and t.status == "ok":
+            if want in _norm_text(t.observation or "", cs).replace(" ", ""):
+                return CheckResult("answer_contains", 1.0, f"{tool} answered {target!r} at turn {t.index}", passed=True)
+    return CheckResult("answer_contains", 0.0, f"no successful {tool} call answered {target!r}")
 
 
 def _size_relation(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
@@ -282,7 +440,7 @@ def _size_relation(ctx: CheckContext, check: dict[str, Any], final: Image.Image)
 
     if "width" in check or "height" in check:
         ok = all(close(v, float(check[k])) for k, v in (("width", fw), ("height", fh)) if k in check)
-        return CheckResult("size_relation", 1.0 if ok else 0.0, f"final {fw}x{fh}")
+        return _binary("size_relation", ok, f"final {fw}x{fh}")
     ow, oh = _asset_image(ctx, check.get("of", "img_1")).size
     if "factor" in check:
         f = float(check["factor"])
@@ -297,7 +455,11 @@ def _size_relation(ctx: CheckContext, check: dict[str, Any], final: Image.Image)
             ok = close(fw, ow) and close(fh, oh)
         else:
             raise CheckError("size_relation needs factor, relation (larger|smaller|equal), or width/height")
-    return CheckResult("size_relation", 1.0 if ok else 0.0, f"final {fw}x{fh} vs {ow}x{oh}")
+    return _binary("size_relation", ok, f"final {fw}x{fh} vs {ow}x{oh}")
+
+
+def _binary(ctype: str, ok: bool, reason: str) -> CheckResult:
+    return CheckResult(ctype, 1.0 if ok else 0.0, reason, passed=bool(ok))
 
 
 def _aspect_class(w: int, h: int, tol: float) -> str:
@@ -314,7 +476,7 @@ def _orientation(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -
         want = check["orientation"]
         if want not in ("landscape", "portrait", "square"):
             raise CheckError(f"orientation must be landscape|portrait|square, not {want!r}")
-        return CheckResult("orientation", 1.0 if got == want else 0.0, f"final is {got}")
+        return _binary("orientation", got == want, f"final is {got}")
     rel = check.get("relation")
     ref = _aspect_class(*_asset_image(ctx, check.get("of", "img_1")).size, tol)
     if rel == "same":
@@ -323,7 +485,7 @@ def _orientation(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -
         ok = {got, ref} == {"landscape", "portrait"}
     else:
         raise CheckError("orientation needs 'orientation' or relation same|swapped")
-    return CheckResult("orientation", 1.0 if ok else 0.0, f"final is {got}, reference is {ref}")
+    return _binary("orientation", ok, f"final is {got}, reference is {ref}")
 
 
 def _asset_kind(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
@@ -335,8 +497,8 @@ def _asset_kind(ctx: CheckContext, check: dict[str, Any], final: Image.Image) ->
     pool = [ctx.final] if check.get("final") else [a for a in ctx.store if a.provenance.tool is not None]
     for a in pool:
         if a is not None and a.kind is kind and (tool is None or a.provenance.tool == tool) and not ctx.tainted(a):
-            return CheckResult("asset_kind", 1.0, f"{a.id} is {kind.value}")
-    return CheckResult("asset_kind", 0.0, f"no real {kind.value} asset" + (f" from {tool}" if tool else ""))
+            return _binary("asset_kind", True, f"{a.id} is {kind.value}")
+    return _binary("asset_kind", False, f"no real {kind.value} asset" + (f" from {tool}" if tool else ""))
 
 
 def _grounding_finds(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
@@ -348,33 +510,37 @@ def _grounding_finds(ctx: CheckContext, check: dict[str, Any], final: Image.Imag
         return ans
     boxes = _boxes(ans)
     if not boxes:
-        return CheckResult("grounding_finds", 0.0, f"{text!r} not found")
+        return _binary("grounding_finds", False, f"{text!r} not found")
     region = check.get("region")
     if region is None:
-        return CheckResult("grounding_finds", 1.0, f"{text!r} found ({len(boxes)} boxes)")
+        return _binary("grounding_finds", True, f"{text!r} found ({len(boxes)} boxes)")
     if not (isinstance(region, (list, tuple)) and len(region) == 4):
         raise CheckError("region must be [x0, y0, x1, y1] in 0-1000")
     best = max(_iou([float(v) for v in region], b) for b in boxes)
     min_iou = float(check.get("min_iou", 0.1))
-    return CheckResult("grounding_finds", min(1.0, best / min_iou) if min_iou > 0 else 1.0, f"best IoU {best:.2f}")
+    score = min(1.0, best / min_iou) if min_iou > 0 else 1.0
+    return CheckResult("grounding_finds", score, f"best IoU {best:.2f}", passed=score >= 1.0)
 
 
 def _differs_from(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
     ref = _asset_image(ctx, check.get("of", "img_1"))
     change = float(np.abs(_rgb_array(final, 128) - _rgb_array(ref, 128)).mean())
     need = float(check.get("min_change", 0.02))
-    return CheckResult("differs_from", min(1.0, change / need) if need > 0 else 1.0, f"mean change {change:.3f}")
+    return CheckResult("differs_from", min(1.0, change / need) if need > 0 else 1.0, f"mean change {change:.3f}", passed=change >= need)
 
 
 EVALUATORS: dict[str, Callable[[CheckContext, dict[str, Any], Image.Image], CheckResult]] = {
     "reference_similarity": _reference_similarity,
     "ocr_contains": _ocr_contains,
+    "answer_contains": _answer_contains,
     "size_relation": _size_relation,
     "orientation": _orientation,
     "asset_kind": _asset_kind,
     "grounding_finds": _grounding_finds,
     "differs_from": _differs_from,
 }
+# Checks of what the trajectory answered rather than of its final image.
+_NO_IMAGE_NEEDED = frozenset({"answer_contains"})
 
 
 def run_check(ctx: CheckContext, check: Any) -> CheckResult:
@@ -384,21 +550,24 @@ def run_check(ctx: CheckContext, check: Any) -> CheckResult:
     ctype = str(check.get("type", ""))
     try:
         weight = float(check.get("weight", 1.0))
-    except (TypeError, ValueError):
+        if not np.isfinite(weight):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
         weight = 1.0
     fn = EVALUATORS.get(ctype)
     if fn is None:
         return CheckResult(ctype or "invalid", None, f"unknown check type {ctype!r}; known: {', '.join(CHECK_TYPES)}", weight)
     final = ctx.final
-    if final is None:
-        return CheckResult(ctype, 0.0, "no_final_image", weight)
-    if final.image.width == 0 or final.image.height == 0:
-        return CheckResult(ctype, 0.0, "empty_final_image", weight)
-    if ctx.tainted(final):
-        return CheckResult(ctype, 0.0, f"plumbing_only: {final.id} comes from a random-weight backend", weight)
+    if ctype not in _NO_IMAGE_NEEDED:
+        if final is None:
+            return CheckResult(ctype, 0.0, "no_final_image", weight)
+        if final.image.width == 0 or final.image.height == 0:
+            return CheckResult(ctype, 0.0, "empty_final_image", weight)
+        if ctx.tainted(final):
+            return CheckResult(ctype, 0.0, f"plumbing_only: {final.id} comes from a random-weight backend", weight)
     try:
-        res = fn(ctx, check, final.image)
-    except (CheckError, KeyError, TypeError, ValueError) as e:
+        res = fn(ctx, check, final.image if final is not None else None)
+    except (CheckError, KeyError, TypeError, ValueError, OverflowError) as e:
         return CheckResult(ctype, None, f"malformed check: {e}", weight)
     except Exception as e:  # an image library error on odd input: unverifiable, logged
         log.exception("check %s failed", ctype)
@@ -406,7 +575,15 @@ def run_check(ctx: CheckContext, check: Any) -> CheckResult:
     res.type, res.weight = ctype, weight
     if res.score is not None:
         res.score = float(min(1.0, max(0.0, res.score))) if np.isfinite(res.score) else 0.0
+    else:
+        res.passed = False
     return res
+
+
+def all_passed(results: list[CheckResult]) -> bool:
+    """Strict success: at least one verifiable check, and every verifiable one passed."""
+    ver = [r for r in results if r.verifiable and r.weight > 0]
+    return bool(ver) and all(r.passed for r in ver)
 
 
 def run_checks(ctx: CheckContext, checks: list[Any]) -> tuple[float | None, list[CheckResult]]:

@@ -135,7 +135,8 @@ class RuleConfig:
 class HttpJudgeConfig:
     """An OpenAI-compatible chat-completions endpoint (vLLM, SGLang, DashScope, OpenAI, ...)."""
 
-    base_url: str = "http://127.0.0.1:8000/v1"
+    # Its own port: 8000 is the toolserver's (configs/serve/*.yaml), so the two never collide.
+    base_url: str = "http://127.0.0.1:8100/v1"
     model: str = "Qwen/Qwen3-VL-8B-Instruct"
     api_key: str | None = None
     api_key_env: str = "CANVASAGENT_JUDGE_API_KEY"
@@ -197,6 +198,13 @@ class OfflineJudgeConfig:
 class JudgeConfig:
     kind: str = "offline"  # offline | http | local
     fallback_score: float = 0.3  # used, counted and logged whenever a judge cannot score
+    # A model judge's alignment = checks_weight · verifiable checks + (1 − checks_weight) · model.
+    checks_weight: float = 0.5
+    model_pass_threshold: float = 0.7  # success by the model's score, for tasks without a check
+    # Past this share of a GRPO step's rollouts with a judge fallback, `on_excess_fallbacks`
+    # applies: "drop" gives those rollouts zero advantage, "abort" stops the run.
+    max_fallback_share: float = 0.2
+    on_excess_fallbacks: str = "drop"
     cache_size: int = 4096  # content-hash cache entries (0 disables)
     max_workers: int = 4  # bounded pool for concurrent judge calls
     http: HttpJudgeConfig = field(default_factory=HttpJudgeConfig)
@@ -213,6 +221,9 @@ class HybridWeights:
     aes: float = 0.1
     traj: float = 0.2
     rule: float = 0.4
+
+
+AES_GATES = ("alignment", "none")
 
 
 @dataclass
@@ -236,6 +247,10 @@ class RewardConfig:
     name: str = "paper"
     mode: str = "paper"  # paper | public_code
     weights: HybridWeights = field(default_factory=HybridWeights)
+    # "alignment": where the task has an input image, the aesthetic term is the quality proxy
+    # times the alignment score, so a no-op or a wrong edit of a good photo earns no aesthetics.
+    # "none": the raw quality of the final image.
+    aes_gate: str = "alignment"
     rule: RuleConfig = field(default_factory=RuleConfig)
     judges: JudgeConfig = field(default_factory=JudgeConfig)
     public_code: PublicCodeConfig = field(default_factory=PublicCodeConfig)
@@ -246,6 +261,10 @@ class RewardConfig:
         cfg = from_dict(cls, load_yaml(path))
         if cfg.mode not in ("paper", "public_code"):
             raise ValueError(f"{path}: mode must be paper or public_code, not {cfg.mode!r}")
+        if cfg.aes_gate not in AES_GATES:
+            raise ValueError(f"{path}: aes_gate must be one of {', '.join(AES_GATES)}, not {cfg.aes_gate!r}")
+        if cfg.judges.on_excess_fallbacks not in ("drop", "abort"):
+            raise ValueError(f"{path}: judges.on_excess_fallbacks must be drop or abort, not {cfg.judges.on_excess_fallbacks!r}")
         return cfg
 
 

@@ -1,6 +1,7 @@
 """The hybrid reward: judges + rule reward, combined as a YAML preset says.
 
     paper mode:        R = w_align·A + w_aes·E + w_traj·T + w_rule·R_rule      (paper Eq. 1)
+                       E = quality(final) · A where the task has an input image (`aes_gate`)
     public_code mode:  see `PublicCodeConfig` (weights, coverage/depth bonuses, fatal gate)
 
 `HybridReward.score(traj)` returns one flat `dict[str, float]`: `total`, the four components,
@@ -156,6 +157,11 @@ class HybridReward:
             flat[f"{c}/cached"] = float(r.cached)
             for k, v in r.details.items():
                 flat[f"{c}/{k}"] = _finite(float(v)) if isinstance(v, (int, float)) else 0.0
+        if self.cfg.aes_gate == "alignment" and traj.task.images and judged.get("aes") is not None and judged.get("align") is not None:
+            # A good photo left alone (or mirrored by mistake) keeps its quality; only an edit
+            # that did what was asked earns it.
+            flat["aes/raw"] = comp["aes"]
+            comp["aes"] *= comp["align"]
         comp["rule"] = _finite(rule.r_rule)
         flat.update(rule.to_flat("rule"))
         flat.update(comp)

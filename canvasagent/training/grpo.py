@@ -15,6 +15,7 @@ from canvasagent.training.common import (
     workspace,
 )
 from canvasagent.training.config import TrainConfig
+from canvasagent.training.dryrun import require_ready
 from canvasagent.training.data import grpo_dataset
 from canvasagent.training.rewarding import TRLRewards, make_scorer
 
@@ -56,11 +57,12 @@ def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
     from canvasagent.training.common import load_tools_config
     from canvasagent.training.trl_multimodal import CanvasGRPOTrainer, ToolConcurrency
 
+    require_ready(cfg)  # missing data, packages or services fail here, before any weights load
     ws = workspace(cfg)
     model, processor = load_model_and_processor(ws, padding_side="left")
     scorer = make_scorer(cfg.grpo.reward_preset, cfg.grpo.judge, ws.env_cls.toolbox())
     dumper = TrajectoryDumper(ws.output_dir / "trajectories", cfg.run.dump_every)
-    rewards = TRLRewards(scorer, on_scored=dumper)
+    rewards = TRLRewards(scorer, on_scored=dumper, group_size=cfg.grpo.num_generations)
     log.info("GRPO reward: %s, components %s, weights %s", scorer.source, rewards.names, rewards.weights())
     trainer = CanvasGRPOTrainer(
         model=model,

@@ -26,11 +26,17 @@ Scorer = Callable[[Trajectory], dict[str, float]]
 
 @dataclass
 class HybridScorer:
-    """Scores a trajectory into named components; `weights` turns them into the hybrid total."""
+    """Scores a trajectory into named components; `weights` turns them into the hybrid total.
+
+    `max_fallback_share` and `on_excess_fallbacks` (drop | abort) come from the preset's judges
+    config: what GRPO does when too many of a step's rollouts were scored by a judge fallback.
+    """
 
     weights: dict[str, float]
     score: Scorer
     source: str
+    max_fallback_share: float = 1.0
+    on_excess_fallbacks: str = "drop"
 
     def total(self, scores: dict[str, float]) -> float:
         if "total" in scores:  # the rewards package computes it (public-code mode is not a weighted sum)
@@ -52,19 +58,37 @@ def make_scorer(preset: str = "paper", judge: str = "offline", toolbox: Any = No
 
     # judge_unweighted=False: training skips judges whose weight is 0 (an ablation preset).
     reward = HybridReward.from_preset(preset, judge=judge, toolbox=toolbox, judge_unweighted=False)
-    return HybridScorer(dict(reward.weights), lambda t: {k: float(v) for k, v in reward.score(t).items()}, f"rewards:{preset}")
+    j = reward.cfg.judges
+    return HybridScorer(dict(reward.weights), lambda t: {k: float(v) for k, v in reward.score(t).items()}, f"rewards:{preset}",
+                        j.max_fallback_share, j.on_excess_fallbacks)
+
+
+class JudgeOutage(RuntimeError):
+    """Too many rollouts of a GRPO step were scored by a judge fallback (on_excess_fallbacks: abort)."""
 
 
 # -- TRL reward functions ------------------------------------------------------------------------
 
 
 class TRLRewards:
-    """Per-component TRL reward functions over env trajectories, plus a per-rollout hook."""
+    """Per-component TRL reward functions over env trajectories, plus a per-rollout hook.
 
-    def __init__(self, scorer: HybridScorer, on_scored: Callable[[int, list[Trajectory], list[dict]], None] | None = None):
+    Besides one function per weighted component, `functions()` ends with `judge_fallbacks`
+    (weight 0, logged only): 1 for a rollout some judge could not score. Every fallback is
+    warned about with its count. Past `scorer.max_fallback_share` of a batch, `abort` raises
+    `JudgeOutage`, and `drop` gives each such rollout the mean of its group's judged rollouts
+    (groups are `group_size` consecutive completions, as TRL orders them), so its advantage is 0
+    and the fallback's constant score cannot flatten the others'.
+    """
+
+    LOGGED = ("judge_fallbacks",)
+
+    def __init__(self, scorer: HybridScorer, on_scored: Callable[[int, list[Trajectory], list[dict]], None] | None = None,
+                 group_size: int = 1):
         self.scorer = scorer
         self.on_scored = on_scored
         self.names = [k for k in scorer.weights]
+        self.group_size = max(1, int(group_size))
 
     def _scores(self, completions: list, environments: list[CanvasEnv], trainer_state: Any = None) -> list[dict]:
         fresh: list[Trajectory] = []
@@ -82,10 +106,38 @@ class TRLRewards:
                 env.scores = s
                 fresh.append(traj)
             out.append(env.scores)
+        step = getattr(trainer_state, "global_step", 0) if trainer_state is not None else 0
+        if fresh:
+            self._guard_fallbacks(out, step)
         if fresh and self.on_scored is not None:
-            step = getattr(trainer_state, "global_step", 0) if trainer_state is not None else 0
             self.on_scored(step, [trajectory_of(e, c) for c, e in zip(completions, environments)], out)
         return out
+
+    def _guard_fallbacks(self, scores: list[dict], step: int) -> None:
+        bad = [i for i, s in enumerate(scores) if s.get("fallbacks", 0.0) > 0 and not s.get("dropped")]
+        for i, s in enumerate(scores):
+            s.setdefault("judge_fallbacks", float(i in bad))
+        if not bad:
+            return
+        share = len(bad) / len(scores)
+        log.warning("GRPO step %d: %d of %d rollouts were scored by a judge fallback (%.0f%%; limit %.0f%%)",
+                    step, len(bad), len(scores), 100 * share, 100 * self.scorer.max_fallback_share)
+        if share <= self.scorer.max_fallback_share:
+            return
+        if self.scorer.on_excess_fallbacks == "abort":
+            raise JudgeOutage(f"{len(bad)} of {len(scores)} rollouts at step {step} were scored by a judge fallback "
+                              f"(more than judges.max_fallback_share = {self.scorer.max_fallback_share}); is the judge up?")
+        gs = self.group_size
+        for g0 in range(0, len(scores), gs):
+            group = range(g0, min(len(scores), g0 + gs))
+            judged = [j for j in group if j not in bad]
+            for i in (i for i in group if i in bad):
+                for k in (*self.names, "total"):
+                    if k in scores[i]:
+                        scores[i][k] = sum(scores[j].get(k, 0.0) for j in judged) / len(judged) if judged else 0.0
+                scores[i]["hybrid"] = self.scorer.total(scores[i])
+                scores[i]["dropped"] = 1.0
+        log.warning("GRPO step %d: dropped %d fallback rollouts from the advantage", step, len(bad))
 
     def functions(self) -> list[Callable]:
         fns = []
@@ -96,7 +148,14 @@ class TRLRewards:
 
             fn.__name__ = name  # TRL logs rewards/<__name__>/mean
             fns.append(fn)
+        for name in self.LOGGED:
+
+            def logged(completions, environments, trainer_state=None, _name=name, **kwargs):
+                return [s.get(_name, 0.0) for s in self._scores(completions, environments, trainer_state)]
+
+            logged.__name__ = name
+            fns.append(logged)
         return fns
 
     def weights(self) -> list[float]:
-        return [self.scorer.weights[n] for n in self.names]
+        return [self.scorer.weights[n] for n in self.names] + [0.0] * len(self.LOGGED)

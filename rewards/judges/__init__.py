@@ -1,7 +1,8 @@
 """Judges for the outcome and trajectory components: one interface, three kinds.
 
 `make_judge(cfg)` builds the configured judge wrapped in the content-hash cache and the bounded
-pool (`CachedJudge`). See `base.py` for the interface.
+pool (`CachedJudge`). A model judge (http, local) scores alignment together with the task's
+verifiable checks (`with_checks.py`). See `base.py` for the interface.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def make_judge(cfg: JudgeConfig | None = None, toolbox: Any | None = None) -> Ca
         inner = LocalVLMJudge(cfg.local, fallback_score=cfg.fallback_score)
     else:
         raise ValueError(f"unknown judge kind {cfg.kind!r}; choose one of {', '.join(JUDGE_KINDS)}")
+    if cfg.kind != "offline":
+        from rewards.judges.offline import OfflineJudge
+        from rewards.judges.with_checks import ChecksAndModelJudge
+
+        inner = ChecksAndModelJudge(inner, OfflineJudge(cfg.offline, toolbox=toolbox), cfg.checks_weight, cfg.model_pass_threshold)
     return CachedJudge(inner, cfg.fallback_score, cfg.cache_size, cfg.max_workers)
 
 

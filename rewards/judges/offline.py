@@ -1,8 +1,10 @@
 """Offline judges that measure something, with no model endpoint.
 
-* **alignment** — the task's verifiable checks (`rewards.checks`), run on the final image; OCR
-  and grounding checks go through a real toolbox. Tasks without a verifiable check get the
-  configured `no_checks_score`, flagged as a fallback.
+* **alignment** — the task's verifiable checks (`rewards.checks`), each calibrated against doing
+  nothing; OCR and grounding checks go through a real toolbox. The score is their weighted mean
+  (partial credit); `details["passed"]` is 1 only when every verifiable check met its threshold
+  (strict success). Tasks without a verifiable check get the configured `no_checks_score`,
+  flagged as a fallback, and never pass.
 * **aesthetic** — the no-reference quality proxy of `rewards.judges.iq`.
 * **trajectory** — a deterministic process score (`score_process`):
   - *choice*: the fraction of distinct expected tools that ran successfully;
@@ -21,7 +23,7 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
-from rewards.checks import CheckContext, run_checks
+from rewards.checks import CheckContext, all_passed, run_checks
 from rewards.config import OfflineJudgeConfig
 from rewards.judges.base import JudgeResult, TrajectoryView
 from rewards.judges.iq import image_quality
@@ -123,9 +125,13 @@ class OfflineJudge:
         needs_tools = any(isinstance(c, dict) and c.get("type") in ("ocr_contains", "grounding_finds") for c in checks)
         ctx = CheckContext(view.trajectory, self.toolbox if needs_tools else None)
         score, results = run_checks(ctx, list(checks))
+        n_ver = sum(r.verifiable and r.weight > 0 for r in results)
         details: dict[str, float] = {
             "checks": float(len(results)),
-            "verifiable": float(sum(r.verifiable for r in results)),
+            "verifiable": float(n_ver),
+            # Strict success (every verifiable check met its threshold) and partial credit.
+            "passed": float(all_passed(results)),
+            "pass_rate": sum(r.passed for r in results if r.verifiable and r.weight > 0) / n_ver if n_ver else 0.0,
         }
         counts: dict[str, int] = {}
         for r in results:

@@ -167,8 +167,11 @@ def test_unreachable_or_non_numeric_judge_gives_fallback_total(trajs, reply, cap
             with caplog.at_level(logging.WARNING):
                 flat = HybridReward(cfg).score(trajs[0])
         assert any("fell back" in r.getMessage() for r in caplog.records)
-    assert flat["fallbacks"] == 3 and flat["align"] == flat["aes"] == flat["traj"] == A(0.3)
-    assert flat["total"] == A(0.3 * 0.3 + 0.1 * 0.3 + 0.2 * 0.3 + 0.4 * flat["rule"])
+    # Every aspect fell back and is counted; alignment keeps what the verifiable checks measured,
+    # and the aesthetic fallback is gated by it.
+    assert flat["fallbacks"] == 3 and flat["traj"] == A(0.3) and flat["aes/raw"] == A(0.3)
+    assert flat["align"] == A(flat["align/checks_score"]) and flat["aes"] == A(0.3 * flat["align"])
+    assert flat["total"] == A(0.3 * flat["align"] + 0.1 * flat["aes"] + 0.2 * 0.3 + 0.4 * flat["rule"])
 
 
 def test_compat_api_for_trainers(trajs, tmp_path):
