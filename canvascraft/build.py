@@ -34,6 +34,9 @@ class BuildConfig:
     seed: int = 0
     shard_size: int = 50
     workers: int = 0  # 0: one per CPU
+    # A shard whose worker process dies (OOM killer, SIGKILL) is rebuilt in a fresh pool up to
+    # this many times; then the build stops with BuildWorkerDied (a rerun resumes it).
+    worker_restarts: int = 3
     tools_config: str = "offline"
     images: str = "builtin"  # builtin | procedural | photos | a folder | a saved dataset | hf:NAME
     image_size: int = 256
@@ -76,9 +79,12 @@ def load_build_config(kind: str, name_or_path: str | None = None, **overrides: A
     return from_dict(CONFIG_TYPES[kind], data)
 
 
+_RUNTIME_FIELDS = ("workers", "worker_restarts")
+
+
 def config_hash(kind: str, cfg: BuildConfig) -> str:
-    # Workers and shard timing do not change the rows, so they do not invalidate a resume.
-    d = {k: v for k, v in asdict(cfg).items() if k not in ("workers",)}
+    # Workers, restarts and shard timing do not change the rows, so they do not invalidate a resume.
+    d = {k: v for k, v in asdict(cfg).items() if k not in _RUNTIME_FIELDS}
     return hashlib.sha256(json.dumps([kind, d], sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -158,6 +164,10 @@ class BuildInterrupted(RuntimeError):
     """Raised by `stop_after` (tests simulate a killed build with it)."""
 
 
+class BuildWorkerDied(RuntimeError):
+    """A shard's worker process died more than `worker_restarts` times; recorded shards are kept."""
+
+
 def run_build(
     kind: str,
     cfg: BuildConfig,
@@ -175,7 +185,8 @@ def run_build(
         manifest = {"kind": kind, "config": asdict(cfg), "config_hash": h, "shards": {}, "complete": False}
     elif manifest.get("config_hash") != h or manifest.get("kind") != kind:
         raise ValueError(f"{out} holds a {manifest.get('kind')} build with another config; use a new --out to start over")
-    manifest["config"]["workers"] = cfg.workers
+    for k in _RUNTIME_FIELDS:
+        manifest["config"][k] = getattr(cfg, k)
     jobs = plan_jobs(kind, cfg)
     done = manifest["shards"]
     pending = [j for j in jobs if j.key not in done or not (out / done[j.key]["file"]).exists()]
@@ -186,7 +197,7 @@ def run_build(
     bar = _progress(total, sum(j.stop - j.start for j in jobs if j not in pending), kind, progress)
     finished = 0
     try:
-        for job, n_rows, stats in _execute(kind, cfg_dict, pending, str(out), cfg.workers, use_ray):
+        for job, n_rows, stats in _execute(kind, cfg_dict, pending, str(out), cfg.workers, use_ray, cfg.worker_restarts):
             done[job.key] = {"file": job.file, "split": job.split, "rows": n_rows, "slots": [job.start, job.stop], "stats": stats}
             _write_json_atomic(out / MANIFEST, manifest)
             bar.update(job.stop - job.start)
@@ -207,7 +218,7 @@ def _progress(total: int, initial: int, kind: str, enabled: bool):
     return tqdm(total=total, initial=initial, desc=f"canvascraft {kind}", unit="slot", disable=not enabled)
 
 
-def _execute(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str, workers: int, use_ray: bool):
+def _execute(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str, workers: int, use_ray: bool, restarts: int = 3):
     if not jobs:
         return
     if use_ray:
@@ -218,14 +229,75 @@ def _execute(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str
         for job in jobs:
             yield run_shard(kind, cfg_dict, job, out)
         return
+    yield from _execute_pool(kind, cfg_dict, jobs, out, n, restarts)
+
+
+def _execute_pool(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str, n: int, restarts: int):
+    """Run shards in a process pool; yields `run_shard` results as they finish.
+
+    At most `n` shards are in flight, so when a worker dies (the OS killed it: the pool then
+    fails every unfinished future) exactly those shards are suspects. Each is charged one
+    death and rebuilt in a fresh pool; a shard charged more than `restarts` times raises
+    `BuildWorkerDied`. Shards are deterministic and written atomically, and the driver records
+    only returned shards, so a rebuild neither loses nor duplicates a row.
+    """
     import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
 
-    with mp.get_context("spawn" if os.environ.get("CANVASCRAFT_SPAWN") else None).Pool(min(n, len(jobs))) as pool:
-        yield from pool.imap_unordered(_run_shard_star, [(kind, cfg_dict, j, out) for j in jobs])
-
-
-def _run_shard_star(args: tuple) -> tuple[ShardJob, int, dict[str, Any]]:
-    return run_shard(*args)
+    ctx = mp.get_context("spawn" if os.environ.get("CANVASCRAFT_SPAWN") else None)
+    queue = list(jobs)
+    deaths: dict[str, int] = {}
+    idle_breaks = 0  # pools that broke with no shard in flight (a worker killed between shards)
+    while queue:
+        pool = ProcessPoolExecutor(min(n, len(queue)), mp_context=ctx)
+        running: dict[Any, ShardJob] = {}
+        broken = False
+        died: list[str] = []  # shards in flight when this pool broke
+        try:
+            while queue or running:
+                while queue and len(running) < n and not broken:
+                    job = queue.pop(0)
+                    try:
+                        running[pool.submit(run_shard, kind, cfg_dict, job, out)] = job
+                    except BrokenProcessPool:
+                        queue.insert(0, job)
+                        broken = True
+                if not running:
+                    break
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    job = running.pop(fut)
+                    exc = fut.exception()
+                    if isinstance(exc, BrokenProcessPool):
+                        broken = True
+                        queue.insert(0, job)
+                        deaths[job.key] = deaths.get(job.key, 0) + 1
+                        died.append(job.key)
+                    elif exc is not None:
+                        raise exc
+                    else:
+                        yield fut.result()
+                if broken and not running:
+                    break
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if broken:
+            suspects = sorted(died)
+            worst = max((deaths[k] for k in suspects), default=0)
+            if not suspects:
+                idle_breaks += 1
+                worst = idle_breaks
+            if worst > restarts:
+                raise BuildWorkerDied(
+                    f"a build worker process died {worst} times while building shard(s) "
+                    f"{', '.join(k for k in suspects if deaths[k] == worst)} (killed by the OS, e.g. out of memory?); "
+                    f"finished shards are recorded in {MANIFEST}: rerun to resume, with fewer --workers if memory is short"
+                )
+            log.warning(
+                "a build worker process died (killed by the OS, e.g. out of memory?); restarting the pool and "
+                "rebuilding shard(s) %s (rebuild %d of at most %d)", ", ".join(suspects), worst, restarts,
+            )
 
 
 def _execute_ray(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str, workers: int = 0):
