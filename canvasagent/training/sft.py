@@ -15,6 +15,7 @@ from canvasagent.training.common import (
     workspace,
 )
 from canvasagent.training.config import TrainConfig
+from canvasagent.training.dryrun import require_ready
 from canvasagent.training.data import sft_dataset
 from canvasagent.training.messages import system_text
 
@@ -36,6 +37,7 @@ def sft_args(cfg: TrainConfig, with_deepspeed: bool = True):
 def build_sft_trainer(cfg: TrainConfig, callbacks: list | None = None):
     from trl import SFTTrainer
 
+    require_ready(cfg)  # missing data, packages or services fail here, before any weights load
     ws = workspace(cfg)
     model, processor = load_model_and_processor(ws)
     system = system_text(processor, ws.tool_fns, cfg.tools.family)
