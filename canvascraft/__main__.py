@@ -111,7 +111,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="canvascraft", description="CanvasCraft data pipeline")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true", help="debug logging, and show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
     _build_args(sub.add_parser("build-sft", help="build SFT trajectories by executing tool chains"), "sft")
     _build_args(sub.add_parser("build-rl", help="build RL task specs with R/L/D labels and checks"), "rl")
@@ -129,8 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from canvasagent.cli.errors import run_command
+    logging.basicConfig(level=logging.DEBUG if args.verbose or args.debug else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from canvasagent.cli.errors import quiet_third_party_loggers, run_command
+
+    if not (args.verbose or args.debug):
+        quiet_third_party_loggers()
 
     return run_command(args.func, args)
 

@@ -15,12 +15,13 @@ import sys
 
 from rich.logging import RichHandler
 
-from canvasagent.cli.errors import run_command
+from canvasagent.cli.errors import add_debug_arg, quiet_third_party_loggers, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="canvasagent", description="CanvasAgent: visual tool-use agents")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_debug_arg(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.endswith("_cmd")):
         importlib.import_module(f"{__name__}.{mod}").register(sub)
@@ -31,10 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose or args.debug else logging.INFO,
         format="%(message)s",
         handlers=[RichHandler(show_path=False, rich_tracebacks=False, console=None)],
     )
+    if not (args.verbose or args.debug):
+        quiet_third_party_loggers()
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
