@@ -120,8 +120,10 @@ def cut_at_vision_tokens(
 ) -> tuple[list[list[int]], list[list[float]] | None, int]:
     """Cut each sampled turn just before its first vision token; return how many turns were cut.
 
-    A turn cut to nothing becomes a lone EOS (TRL cannot hold an empty first turn), with an unknown
-    sampling log-prob (None, which TRL's importance-sampling correction treats as "no correction").
+    Takes token ids as any sequence of ints (vLLM's `CompletionOutput.token_ids` may be a tuple
+    or an array) and returns lists, which TRL concatenates with the prompt ids. A turn cut to
+    nothing becomes a lone EOS (TRL cannot hold an empty first turn), with an unknown sampling
+    log-prob (None, which TRL's importance-sampling correction treats as "no correction").
     """
     n_cut = 0
     out_ids, out_lps = [], None if logprobs is None else []
@@ -133,9 +135,9 @@ def cut_at_vision_tokens(
             ids = ids[:pos] if pos else [eos_id]
             if lps is not None:
                 lps = lps[:pos] if pos else [None]
-        out_ids.append(ids)
+        out_ids.append(list(ids))
         if out_lps is not None:
-            out_lps.append(lps)
+            out_lps.append(None if lps is None else list(lps))
     return out_ids, out_lps, n_cut
 
 
