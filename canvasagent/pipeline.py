@@ -22,6 +22,49 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
+
+def _rss_mb() -> dict[str, float]:
+    """This process's resident memory now (MB): all of it, and its anonymous part (Linux)."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                key, _, val = line.partition(":")
+                if key in ("VmRSS", "RssAnon"):
+                    out["rss" if key == "VmRSS" else "anon"] = int(val.split()[0]) / 1024
+    except OSError:  # not Linux: the lifetime peak is all there is
+        import resource
+
+        out["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+class _PeakRSS:
+    """Samples this process's RSS in a thread while a stage runs; `peaks()` is the stage's peak."""
+
+    def __init__(self, every_s: float = 0.25):
+        import threading
+
+        self.every_s, self._peak = every_s, _rss_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every_s):
+            for k, v in _rss_mb().items():
+                self._peak[k] = max(self._peak.get(k, 0.0), v)
+
+    def __enter__(self) -> "_PeakRSS":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peaks(self) -> dict[str, float]:
+        return {f"peak_{k}_mb": round(v, 1) for k, v in self._peak.items()}
+
 STAGES = ("data", "eval_base", "sft", "eval_sft", "grpo", "eval_grpo", "report")
 
 
@@ -287,10 +330,12 @@ class Pipeline:
                 continue
             log.info("[pipeline] %s: starting", stage)
             t0 = time.perf_counter()
-            data = getattr(self, f"stage_{stage}")()
+            with _PeakRSS() as rss:
+                data = getattr(self, f"stage_{stage}")()
             data["seconds"] = round(time.perf_counter() - t0, 1)
+            data.update(rss.peaks())  # peak_rss_mb, peak_anon_mb: this process, during this stage
             results[stage] = _mark(self.out / stage, data)
-            log.info("[pipeline] %s: finished in %.1fs", stage, data["seconds"])
+            log.info("[pipeline] %s: finished in %.1fs, peak RSS %s MB", stage, data["seconds"], data.get("peak_rss_mb"))
             if on_stage:
                 on_stage(stage, data)
         return results

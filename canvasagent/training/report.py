@@ -49,6 +49,7 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
     sft_png = plot_curves(_history(out / "sft" / "metrics.jsonl"), out / "report" / "sft_curves.png", "SFT")
     grpo_png = plot_curves(_history(out / "grpo" / "metrics.jsonl"), out / "report" / "grpo_curves.png", "GRPO rewards")
     timings = {k: v.get("seconds") for k, v in results.items() if v}
+    peak_rss = {k: v.get("peak_rss_mb") for k, v in results.items() if v and v.get("peak_rss_mb") is not None}
     md = [
         "# CanvasAgent pipeline report",
         "",
@@ -67,6 +68,8 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
         "Stage wall time (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()),
         "",
     ]
+    if peak_rss:
+        md += ["Peak RSS of the pipeline process per stage (MB): " + ", ".join(f"{k} {v}" for k, v in peak_rss.items()), ""]
     if sft_png:
         md.append("![SFT curves](sft_curves.png)")
     if grpo_png:
@@ -75,6 +78,6 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
     md_path = out / "report" / "report.md"
     md_path.write_text("\n".join(md) + "\n")
     json_path = out / "report" / "metrics.json"
-    json_path.write_text(json.dumps({"metrics": rows, "timings": timings}, indent=2))
+    json_path.write_text(json.dumps({"metrics": rows, "timings": timings, "peak_rss_mb": peak_rss}, indent=2))
     return {"markdown": str(md_path), "json": str(json_path), "curves": [str(p) for p in (sft_png, grpo_png) if p],
             "metrics": rows}
