@@ -208,6 +208,22 @@ def _canonical(value: Any) -> str:
         return repr(value)
 
 
+def _numeric_lists(args: Any) -> dict[str, list[float]]:
+    """The all-numeric list arguments as floats, for near-repeat detection. A list holding a
+    number no float can hold (a 400-digit int) is left out: the validator already refused it."""
+    out: dict[str, list[float]] = {}
+    if not isinstance(args, dict):
+        return out
+    for k, v in args.items():
+        if not (isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)):
+            continue
+        try:
+            out[k] = [float(x) for x in v]
+        except OverflowError:
+            continue
+    return out
+
+
 def _score_call(
     turn: Turn, call: ToolCall, executed: bool, state: ReplayAssets, profile: Profile, cfg: RuleConfig
 ) -> tuple[CallScore, CallCheck]:
@@ -223,7 +239,7 @@ def _score_call(
     ex = 1.0 if executed else 0.0
     q = w.name * name + w.schema * schema + w.ref * ref + w.spec * spec + w.exec * ex
     norm = {k: v for k, v in chk.args.items() if k != "__refs__"} if chk.name_ok else call.arguments
-    numbers = {k: [float(x) for x in v] for k, v in norm.items() if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)} if isinstance(norm, dict) else {}
+    numbers = _numeric_lists(norm)
     score = CallScore(
         turn=turn.index,
         tool=chk.tool,

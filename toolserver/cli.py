@@ -9,10 +9,39 @@ import os
 import signal
 import sys
 import threading
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from canvasagent.config import find_config, load_yaml
 from toolserver.serve_config import ServeConfig, ServeConfigError, check_bind, check_placement, missing_node_resources, node_resources
+
+
+def local_ray_options(cfg: ServeConfig, address: str | None) -> dict:
+    """`ray.init` options for `serve`: for a private local Ray (no `address`), no dashboard, and
+    under `placement: slots` the per-GPU resources with no Ray GPUs. Joining an existing
+    cluster (`ray start`, which lets the server outlive this process with --detach) leaves both
+    to that cluster."""
+    if address is not None:
+        return {}
+    opts: dict = {"include_dashboard": False}
+    if cfg.placement == "slots":
+        # Our own node owns the tool GPUs: it declares one resource per GPU, and no Ray GPUs, so
+        # nothing else scheduled here is handed a device the tools already use.
+        opts.update(resources=node_resources(cfg), num_gpus=0)
+    return opts
+
+
+def ray_exposure_warning(address: str | None, env: Mapping[str, str]) -> str | None:
+    """What to tell the operator of a private local Ray whose own ports are unauthenticated.
+
+    Ray 2.60's GCS, raylet and agents listen on every interface whatever `ray.init` is told
+    (measured: `_node_ip_address="127.0.0.1"` changes nothing), and its token auth is what
+    guards them; `RAY_AUTH_MODE=disabled` turns that off."""
+    if address is None and env.get("RAY_AUTH_MODE", "").strip().lower() == "disabled":
+        return (
+            "RAY_AUTH_MODE=disabled: this private Ray's GCS and raylet ports listen on all interfaces without "
+            "authentication; unset RAY_AUTH_MODE, or firewall them (docs/serving.md, Auth)"
+        )
+    return None
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -53,14 +82,10 @@ def _serve(args: argparse.Namespace) -> int:
     if cfg.placement == "nodes" and args.address is None:
         print("error: placement: nodes needs a cluster of one Ray node per tool GPU (--address); see docs/serving.md", file=sys.stderr)
         return 1
-    # Joining an existing cluster (`ray start`) lets the server outlive this process with --detach.
-    init: dict = {}
-    if args.address is None and cfg.placement == "slots":
-        # Our own node owns the tool GPUs: it declares one resource per GPU, and no Ray GPUs, so
-        # nothing else scheduled here is handed a device the tools already use.
-        init = {"resources": node_resources(cfg), "num_gpus": 0}
+    if warning := ray_exposure_warning(args.address, os.environ):
+        print(f"warning: {warning}", file=sys.stderr)
     try:
-        ray.init(address=args.address, include_dashboard=False if args.address is None else None, log_to_driver=True, **init)
+        ray.init(address=args.address, log_to_driver=True, **local_ray_options(cfg, args.address))
     except ConnectionError as e:
         print(f"error: no Ray cluster at {args.address!r} ({e}); start one with `ray start --head` or omit --address", file=sys.stderr)
         return 1

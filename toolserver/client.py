@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from toolserver.limits import DEFAULT_ROW_OVERHEAD_PIXELS, too_many_pixels
 from toolserver.registry import REGISTRY
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -31,7 +32,17 @@ DEFAULT_TIMEOUT_S = 120.0
 
 @dataclass
 class RetryPolicy:
+    """When a call is sent again.
+
+    - `attempts`: tries in all while no replica took the call (none up, the server unreachable);
+    - `died_attempts`: tries in all while the replica died *during* the call. The input may be
+      what killed it (out of memory), and every resend costs a replica restart, so the default
+      resends once: enough for a replica lost to a crash or a redeploy;
+    - a replica Ray reports as killed for memory is never resent (`replica_out_of_memory`).
+    """
+
     attempts: int = 6
+    died_attempts: int = 2
     backoff_s: float = 0.1  # doubled after each failure...
     max_backoff_s: float = 2.0  # ...up to this; six attempts cover a replica restart (~5 s)
 
@@ -42,17 +53,57 @@ class RetryPolicy:
             d = min(d * 2, self.max_backoff_s)
 
 
+class ReplicaDied(RuntimeError):
+    """The replica died while it ran the call (HTTP 503 `replica_died`)."""
+
+
+class ReplicaOutOfMemory(RuntimeError):
+    """The replica was killed for memory while it ran the call (HTTP 503 `replica_out_of_memory`)."""
+
+
+def _died_mid_call(exc: Exception) -> bool:
+    if isinstance(exc, ReplicaDied):
+        return True
+    if not type(exc).__module__.startswith("ray."):  # an HTTP client may run without Ray installed
+        return False
+    from toolserver.serve_app import died_mid_call
+
+    return died_mid_call(exc)
+
+
+def _out_of_memory(exc: Exception) -> bool:
+    if isinstance(exc, ReplicaOutOfMemory):
+        return True
+    if not type(exc).__module__.startswith("ray."):
+        return False
+    from toolserver.serve_app import out_of_memory
+
+    return out_of_memory(exc)
+
+
 def _with_retries(policy: RetryPolicy, attempt: Callable[[], ToolResult | Exception], tool: str) -> ToolResult:
-    """Run `attempt` until it returns a result; an Exception return means "retry"."""
+    """Run `attempt` until it returns a result; an Exception return means "maybe retry"
+    (see RetryPolicy for which are resent and how often)."""
     delays = policy.delays()
+    died = 0
     while True:
         out = attempt()
         if isinstance(out, ToolResult):
             return out
+        why = f"{type(out).__name__}: {str(out)[:300]}"
+        if _out_of_memory(out):
+            return ToolResult.failure("replica_out_of_memory", f"{tool}: the replica ran out of memory on this call; not resent ({why})")
+        if _died_mid_call(out):
+            died += 1
+            if died >= policy.died_attempts:
+                return ToolResult.failure(
+                    "replica_died",
+                    f"{tool}: the replica died during this call {died} time(s); not resent again, since the input may be what kills it ({why})",
+                )
         delay = next(delays, None)
         if delay is None:
-            return ToolResult.failure("toolserver_unavailable", f"{tool}: the tool server did not answer after {policy.attempts} attempts ({type(out).__name__}: {str(out)[:300]})")
-        log.warning("%s: retrying in %.2f s after %s: %s", tool, delay, type(out).__name__, str(out)[:200])
+            return ToolResult.failure("toolserver_unavailable", f"{tool}: the tool server did not answer after {policy.attempts} attempts ({why})")
+        log.warning("%s: retrying in %.2f s after %s", tool, delay, why[:200])
         time.sleep(delay)
 
 
@@ -106,6 +157,7 @@ class RayToolbox:
         # the CanvasCraft builder can skip chains the server has no backend for.
         self.backends = {tool: info["mode"] for tool, info in self.manifest.items() if info["mode"] != "unconfigured"}
         self.max_pixels = min(max_pixels, int(manifest["max_pixels"]))
+        self.row_overhead_pixels = int(manifest.get("row_overhead_pixels", DEFAULT_ROW_OVERHEAD_PIXELS))
         # Caller-mode pure tools run here, exactly as in-process.
         self.local = LocalToolbox(profile=profile, max_output_pixels=self.max_pixels)
 
@@ -131,10 +183,9 @@ class RayToolbox:
             return unconfigured_result(request.tool)
         for name, img in request.images.items():
             # The same input limit the HTTP edge applies, checked before anything is shipped.
-            if img.width * img.height > self.max_pixels:
-                return ToolResult.failure(
-                    "too_many_pixels", f"images.{name} is {img.width}x{img.height}, over the {self.max_pixels:,}-pixel limit"
-                )
+            msg = too_many_pixels(name, img.width, img.height, self.max_pixels, self.row_overhead_pixels)
+            if msg:
+                return ToolResult.failure("too_many_pixels", msg)
         handle, timeout = self.handles[request.tool], float(info["timeout_s"])
         deployment = info["deployment"]
         pool = self.shm if deployment not in self._shm_off else None
@@ -178,7 +229,10 @@ class HttpToolbox:
     """Calls the ingress over HTTP: raw-pixel frames when the server lists that format (and
     `raw` is on), otherwise the public JSON format with base64 PNG images."""
 
-    RETRY_STATUS = frozenset({500, 502, 503})  # 504 is a tool timeout: rerunning it would double the wait
+    # 504 is a tool timeout: rerunning it would double the wait. 4xx are the request's own fault.
+    # A 500 is resent only when it is not the ingress's own structured error (a proxy's page
+    # while the ingress restarts); see _post.
+    RETRY_STATUS = frozenset({500, 502, 503})
     MANIFEST_RETRY_S = 10.0
 
     def __init__(
@@ -262,13 +316,20 @@ class HttpToolbox:
                 if http_codec.media_type(r.headers.get("content-type")) == http_codec.RAW_CONTENT_TYPE:
                     return http_codec.result_from_raw(r.content, self.max_pixels)
                 return http_codec.result_from_json(r.json(), self.max_pixels)
-            if r.status_code in self.RETRY_STATUS:
-                return RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
             try:
                 err = r.json()["error"]
-                return ToolResult.failure(str(err["code"]), str(err["message"]))
+                code, message = str(err["code"]), str(err["message"])
             except (ValueError, KeyError, TypeError):
-                return ToolResult.failure(f"http_{r.status_code}", r.text[:300])
+                code = message = None
+            if r.status_code == 503 and code == "replica_died":
+                return ReplicaDied(f"HTTP 503: {message}")
+            if r.status_code == 503 and code == "replica_out_of_memory":
+                return ReplicaOutOfMemory(f"HTTP 503: {message}")
+            if r.status_code in self.RETRY_STATUS and not (r.status_code == 500 and code is not None):
+                return RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+            if code is not None:
+                return ToolResult.failure(code, message or "")
+            return ToolResult.failure(f"http_{r.status_code}", r.text[:300])
 
         return _with_retries(self.retry, attempt, tool)
 

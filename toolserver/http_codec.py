@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from PIL import Image
 
+from toolserver.limits import Limits, json_depth_exceeds, too_many_pixels
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -59,8 +60,24 @@ def encode_image(img: Image.Image) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def decode_image(data: str, max_pixels: int, name: str = "image") -> Image.Image:
-    """Decode base64 PNG, checking the declared size before any pixel is decompressed."""
+def parse_json(data: bytes, max_depth: int, what: str) -> Any:
+    """`json.loads(data)`; raises BadRequest("bad_request") for bytes that are not JSON (not
+    UTF-8, an int past Python's digit limit, ...) and BadRequest("json_too_deep") for a document
+    nested deeper than `max_depth`, however deep: the parser's own recursion limit included."""
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise BadRequest("json_too_deep", f"{what} nests deeper than the {max_depth}-level limit") from None
+    except ValueError:  # JSONDecodeError, bytes that are not UTF-8, too many digits
+        raise BadRequest("bad_request", f"{what} is not JSON") from None
+    if json_depth_exceeds(doc, max_depth):
+        raise BadRequest("json_too_deep", f"{what} nests deeper than the {max_depth}-level limit")
+    return doc
+
+
+def decode_image(data: str, max_pixels: int, name: str = "image", row_overhead_pixels: int = 0) -> Image.Image:
+    """Decode base64 PNG, checking the declared size (counting `row_overhead_pixels` per row,
+    `toolserver.limits.pixel_cost`) before any pixel is decompressed."""
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError, TypeError):
@@ -70,8 +87,9 @@ def decode_image(data: str, max_pixels: int, name: str = "image") -> Image.Image
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(raw), formats=["PNG"])
             w, h = img.size
-            if w * h > max_pixels:
-                raise BadRequest("too_many_pixels", f"images.{name} is {w}x{h} = {w * h:,} pixels, over the {max_pixels:,}-pixel limit")
+            msg = too_many_pixels(name, w, h, max_pixels, row_overhead_pixels)
+            if msg:
+                raise BadRequest("too_many_pixels", msg)
             img.load()
     except BadRequest:
         raise
@@ -91,11 +109,15 @@ def request_to_json(req: ToolRequest) -> dict[str, Any]:
     }
 
 
-def request_from_json(tool: str, body: Any, max_pixels: int) -> ToolRequest:
+def request_from_json(tool: str, body: Any, max_pixels: int, limits: Limits | None = None) -> ToolRequest:
+    """The request in a parsed JSON body; images are checked against `max_pixels` with the
+    per-row cost of `limits` before they are decoded. Raises BadRequest."""
+    overhead = (limits or Limits()).row_overhead_pixels
+
     def decode(name: str, v: Any) -> Image.Image:
         if not isinstance(v, str):
             raise BadRequest("bad_image", f"images.{name:.40} must be a base64 PNG string")
-        return decode_image(v, max_pixels, name)
+        return decode_image(v, max_pixels, name, overhead)
 
     return _request_from_document(tool, body, decode)
 
@@ -181,22 +203,19 @@ class _FrameWriter:
         return b"".join([_HEADER_LEN.pack(len(head)), head, *self.chunks])
 
 
-def _split_frame(body: bytes) -> tuple[Any, memoryview]:
+def _split_frame(body: bytes, max_depth: int = 500) -> tuple[Any, memoryview]:
     if len(body) < _HEADER_LEN.size:
         raise BadRequest("bad_request", "the raw frame is shorter than its header length")
     (n,) = _HEADER_LEN.unpack_from(body)
     if _HEADER_LEN.size + n > len(body):
         raise BadRequest("bad_request", f"the raw frame's header claims {n:,} bytes, past the end of the body")
-    try:
-        header = json.loads(body[_HEADER_LEN.size : _HEADER_LEN.size + n])
-    except ValueError:
-        raise BadRequest("bad_request", "the raw frame's header is not JSON") from None
+    header = parse_json(body[_HEADER_LEN.size : _HEADER_LEN.size + n], max_depth, "the raw frame's header")
     return header, memoryview(body)[_HEADER_LEN.size + n :]
 
 
-def _read_raw_image(desc: Any, pixels: memoryview, max_pixels: int, name: str) -> Image.Image:
+def _read_raw_image(desc: Any, pixels: memoryview, max_pixels: int, name: str, row_overhead_pixels: int = 0) -> Image.Image:
     if isinstance(desc, str):
-        return decode_image(desc, max_pixels, name)
+        return decode_image(desc, max_pixels, name, row_overhead_pixels)
     if not isinstance(desc, dict):
         raise BadRequest("bad_image", f"images.{name:.40} must be a raw image descriptor or a base64 PNG string")
     mode, size, offset, length = desc.get("mode"), desc.get("size"), desc.get("offset"), desc.get("length")
@@ -204,8 +223,9 @@ def _read_raw_image(desc: Any, pixels: memoryview, max_pixels: int, name: str) -
         raise BadRequest("bad_image", f"images.{name:.40}: size must be [width, height], positive integers")
     w, h = size
     # Checked before any pixel is touched, like the PNG path's declared-size check.
-    if w * h > max_pixels:
-        raise BadRequest("too_many_pixels", f"images.{name:.40} is {w}x{h} = {w * h:,} pixels, over the {max_pixels:,}-pixel limit")
+    msg = too_many_pixels(name, w, h, max_pixels, row_overhead_pixels)
+    if msg:
+        raise BadRequest("too_many_pixels", msg)
     want = raw_length(mode, (w, h)) if isinstance(mode, str) else None
     if want is None:
         raise BadRequest("bad_image", f"images.{name:.40}: mode {mode!r:.20} has no raw form; send it as PNG")
@@ -220,9 +240,12 @@ def request_to_raw(req: ToolRequest) -> bytes:
     return out.frame({"args": req.args, "raw_args": req.raw_args, "profile": Profile(req.profile).value, "images": images})
 
 
-def request_from_raw(tool: str, body: bytes, max_pixels: int) -> ToolRequest:
-    header, pixels = _split_frame(body)
-    return _request_from_document(tool, header, lambda name, v: _read_raw_image(v, pixels, max_pixels, name))
+def request_from_raw(tool: str, body: bytes, max_pixels: int, limits: Limits | None = None) -> ToolRequest:
+    """The request in a raw frame; sizes and the header's depth are checked before any pixel
+    is read. Raises BadRequest."""
+    limits = limits or Limits()
+    header, pixels = _split_frame(body, limits.max_json_depth)
+    return _request_from_document(tool, header, lambda name, v: _read_raw_image(v, pixels, max_pixels, name, limits.row_overhead_pixels))
 
 
 def result_to_raw(r: ToolResult) -> bytes:

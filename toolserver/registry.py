@@ -77,6 +77,9 @@ class ToolSpec:
     cost: float = 1.0
     # Tool-specific rule beyond per-argument checks, by name (see toolserver.validation).
     extra_checks: tuple[str, ...] = field(default_factory=tuple)
+    # Each side of the output image is this many times the input's (SR: 4), so an output-size
+    # limit can be checked before the tool runs. 0: the output size does not follow the input.
+    output_scale: int = 0
 
     @property
     def required(self) -> tuple[str, ...]:
@@ -263,6 +266,7 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         OutputKind.IMAGE,
         Backend.MODEL,
         cost=2.0,
+        output_scale=4,
     ),
 )
 

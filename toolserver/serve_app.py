@@ -11,23 +11,24 @@ import asyncio
 import hashlib
 import hmac
 import importlib
-import json
 import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from ray import serve
-from ray.exceptions import RayActorError
+from ray.exceptions import OutOfMemoryError, RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolserver import http_codec
 from toolserver.backends import BACKEND_FACTORIES, build_backend
+from toolserver.limits import Limits, check_request
 from toolserver.registry import REGISTRY, Backend
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -38,8 +39,34 @@ from toolserver.wire import SHM_UNAVAILABLE, ShmMissing, ShmPool, WireRequest, W
 log = logging.getLogger(__name__)
 
 INGRESS_NAME = "Ingress"
-# Errors after which the same call may succeed on another (or a restarted) replica.
-RETRYABLE = (RayActorError, DeploymentUnavailableError, BackPressureError)
+# Errors after which the same call may succeed on another (or a restarted) replica; which of
+# them are actually resent, and how often, is the client's RetryPolicy (died_mid_call, out_of_memory).
+RETRYABLE = (RayActorError, DeploymentUnavailableError, BackPressureError, OutOfMemoryError)
+_OOM_WORDS = ("out of memory", "low on memory", "outofmemory", "memory monitor")
+# Threads per replica for pure tools: they run off the event loop, so one slow call (a large
+# Rotate) neither stalls the replica's other requests nor outlives a cancelled caller's wait.
+PURE_THREADS = 4
+
+
+def died_mid_call(exc: BaseException) -> bool:
+    """The replica died while it ran this call (rather than before it started): the call itself
+    may be what killed it, so it is resent at most once (RetryPolicy.died_attempts)."""
+    return isinstance(exc, RayActorError) and "never ran" not in str(exc)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Ray says the replica was killed for memory: the same input would do it again."""
+    if isinstance(exc, OutOfMemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RayActorError) and any(w in text for w in _OOM_WORDS)
+
+
+def unavailable_error(name: str, exc: BaseException) -> tuple[str, str]:
+    """(error code, message) for a call that no replica finished: `replica_out_of_memory`,
+    `replica_died` (died during this call) or `replica_unavailable` (none to take it)."""
+    code = "replica_out_of_memory" if out_of_memory(exc) else "replica_died" if died_mid_call(exc) else "replica_unavailable"
+    return code, f"{name}: {type(exc).__name__}: {str(exc)[:300]}"
 
 
 def load_backend(name: str, params: dict[str, Any]) -> Any:
@@ -74,9 +101,12 @@ class ToolDeployment:
         batch_wait_timeout_s: float,
         max_pixels: int,
         gpu_slot: int | None = None,
+        limits: dict[str, Any] | None = None,
     ):
         """`gpu_slot`: under `placement: slots`, the tool GPU this replica was placed on by its
-        per-GPU resource; it selects that device before any backend touches CUDA."""
+        per-GPU resource; it selects that device before any backend touches CUDA. `limits`: the
+        serving config's `limits` block; every request is checked against it (and validated)
+        before its tool runs."""
         if gpu_slot is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = tool_gpu_device(gpu_slot, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.tools = frozenset(tools)
@@ -90,9 +120,17 @@ class ToolDeployment:
         self.backend_name = backend or "pure"
         self.max_pixels = max_pixels
         self.fn = fn
-        self.box = LocalToolbox(backends={self.tool: fn} if fn is not None else {}, max_output_pixels=max_pixels)
+        self.box = LocalToolbox(
+            backends={self.tool: fn} if fn is not None else {},
+            max_output_pixels=max_pixels,
+            validate=True,
+            limits=Limits(**(limits or {})),
+        )
+        self.checked_box = LocalToolbox(backends=self.box.backends, max_output_pixels=max_pixels)  # for requests already checked
         # Model code is rarely thread-safe and a GPU runs one batch at a time anyway: one thread.
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"tool-{self.tool}")
+        # Pure tools are thread-safe (each call has its own images) and Pillow releases the GIL.
+        workers = 1 if fn is not None else PURE_THREADS
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"tool-{self.tool}")
         self.batched = max_batch_size > 1 and callable(getattr(fn, "batch_call", None))
         if self.batched:
             self._batch.set_max_batch_size(max_batch_size)
@@ -108,12 +146,12 @@ class ToolDeployment:
             req = wire.unpack()
         except ShmMissing as e:  # the caller is on another host: it resends as arrays
             return WireResult.pack(ToolResult.failure(SHM_UNAVAILABLE, f"{self.tool}: {e}"))
-        if self.fn is None:
-            # Pure tools take about a millisecond; a thread hop would cost as much as the tool.
-            result = self.box.call(req)
-        elif self.batched:
-            result = await self._batch(req)
+        if self.batched:
+            checked, refusal = check_request(req, self.box.limits, self.max_pixels)
+            result = refusal if refusal is not None else await self._batch(checked)
         else:
+            # Off the event loop, pure tools included: a cancelled caller (its timeout) stops
+            # waiting here, and the loop keeps serving other requests while the call finishes.
             result = await asyncio.get_running_loop().run_in_executor(self.pool, self.box.call, req)
         # A caller that sent slots is on this host and named a slot for the result image.
         return WireResult.pack(result, wire.reply_slot)
@@ -136,7 +174,8 @@ class ToolDeployment:
                 # One bad input must not fail its batch-mates: fall back to per-item calls,
                 # where LocalToolbox turns that input's error into its own failed result.
                 log.exception("%s batch_call failed; retrying one by one", self.tool)
-        return [self.box.call(r) for r in reqs]
+        # Already checked in __call__; LocalToolbox would validate the normalised args again.
+        return [self.checked_box.call(r) for r in reqs]
 
     def _limit_output(self, r: ToolResult) -> ToolResult:
         # LocalToolbox.call applies this limit on the per-item path; batch_call bypasses it.
@@ -160,7 +199,9 @@ class ToolDeployment:
 
 
 # ---------------------------------------------------------------------- HTTP ingress
-api = FastAPI(title="CanvasAgent toolserver")
+# No /docs, /redoc or /openapi.json: they would be served without the bearer token, and the
+# tool schemas are already at GET /v1/tools, behind it.
+api = FastAPI(title="CanvasAgent toolserver", docs_url=None, redoc_url=None, openapi_url=None)
 
 
 def _error(status: int, code: str, message: str) -> JSONResponse:
@@ -195,22 +236,26 @@ async def read_limited(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _parse_request(tool: str, body: bytes, max_pixels: int, content_type: str = http_codec.JSON_CONTENT_TYPE) -> ToolRequest:
+def _parse_request(
+    tool: str, body: bytes, max_pixels: int, content_type: str = http_codec.JSON_CONTENT_TYPE, limits: Limits | None = None
+) -> ToolRequest:
+    """The request in `body`; raises http_codec.BadRequest (a structured 4xx) for anything else,
+    deep or malformed JSON included."""
+    limits = limits or Limits()
     if content_type == http_codec.RAW_CONTENT_TYPE:
-        return http_codec.request_from_raw(tool, body, max_pixels)
-    try:
-        payload = json.loads(body)
-    except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
-        raise http_codec.BadRequest("bad_request", "the request body is not JSON") from None
-    return http_codec.request_from_json(tool, payload, max_pixels)
+        return http_codec.request_from_raw(tool, body, max_pixels, limits)
+    payload = http_codec.parse_json(body, limits.max_json_depth, "the request body")
+    return http_codec.request_from_json(tool, payload, max_pixels, limits)
 
 
 def authorized(header: str | None, digest: str | None) -> bool:
+    """`Authorization: Bearer <token>` (the scheme in any case, RFC 7235) matching `digest`."""
     if digest is None:
         return True
-    if not header or not header.startswith("Bearer "):
+    scheme, _, credentials = (header or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not credentials.strip():
         return False
-    return hmac.compare_digest(hashlib.sha256(header[7:].strip().encode()).hexdigest(), digest)
+    return hmac.compare_digest(hashlib.sha256(credentials.strip().encode()).hexdigest(), digest)
 
 
 @serve.deployment
@@ -225,7 +270,7 @@ class Ingress:
         # Defence in depth: the same refusal as the CLI, in case someone deploys the app by hand.
         if self.cfg.http.enabled and auth_digest is None:
             check_bind(self.cfg.http, None)
-        self.local = LocalToolbox(max_output_pixels=self.cfg.max_pixels)
+        self.local = LocalToolbox(max_output_pixels=self.cfg.max_pixels, validate=True, limits=self.cfg.limits)
         keep_pillow_blocks()  # it decodes HTTP images and runs caller-mode tools
         self.shm = ShmPool() if shm_available() else None
         self.shm_off: set[str] = set()  # deployments with a replica on another host
@@ -240,7 +285,12 @@ class Ingress:
 
     # -- for Ray clients (called through the app handle, not over HTTP)
     def manifest(self) -> dict[str, Any]:
-        return {"app": self.cfg.app_name, "max_pixels": self.cfg.max_pixels, "tools": self.cfg.manifest()}
+        return {
+            "app": self.cfg.app_name,
+            "max_pixels": self.cfg.max_pixels,
+            "row_overhead_pixels": self.cfg.limits.row_overhead_pixels,
+            "tools": self.cfg.manifest(),
+        }
 
     async def describe(self) -> dict[str, Any]:
         """Deployment name -> what its replica runs (backend, plumbing-only, batched)."""
@@ -283,6 +333,7 @@ class Ingress:
             "app": self.cfg.app_name,
             "max_pixels": self.cfg.max_pixels,
             "max_request_bytes": self.cfg.http.max_request_bytes,
+            "limits": asdict(self.cfg.limits),
             "formats": list(http_codec.FORMATS),  # request Content-Type / response Accept
             "tools": [{"name": n, **manifest[n], "schema": REGISTRY[n].openai_schema()} for n in manifest],
         }
@@ -300,16 +351,22 @@ class Ingress:
         loop = asyncio.get_running_loop()
         try:
             content_type = http_codec.media_type(request.headers.get("content-type"))
-            req = await loop.run_in_executor(self.codec_pool, _parse_request, name, body, self.cfg.max_pixels, content_type)
+            req = await loop.run_in_executor(self.codec_pool, _parse_request, name, body, self.cfg.max_pixels, content_type, self.cfg.limits)
         except http_codec.BadRequest as e:
             return _error(413 if e.code == "too_many_pixels" else 400, e.code, str(e))
+        # Validated here as in-process (and again by the replica, which Ray callers reach
+        # directly): a refused call is a failed result, and nothing is shipped for it.
+        checked, refusal = check_request(req, self.cfg.limits, self.cfg.max_pixels)
+        if refusal is not None:
+            return JSONResponse(http_codec.result_to_json(refusal))
+        req = checked
         timeout = self.cfg.timeout_s(name)
         try:
             result = await asyncio.wait_for(self.run(name, req), timeout)
         except asyncio.TimeoutError:
             return _error(504, "timeout", f"{name} did not finish within {timeout:g} s")
         except RETRYABLE as e:
-            return _error(503, "replica_unavailable", f"{name}: {type(e).__name__}: {str(e)[:300]}")
+            return _error(503, *unavailable_error(name, e))
         except Exception as e:  # structured, never a bare 500 page
             log.exception("ingress failed on %s", name)
             return _error(500, "toolserver_error", f"{name}: {type(e).__name__}: {str(e)[:300]}")
@@ -337,7 +394,7 @@ def build_app(cfg: ServeConfig, token: str | None = None):
             opts["num_replicas"] = tcfg.num_replicas
         slot = tcfg.gpu if cfg.placement == "slots" and tcfg.on_gpu else None
         handles[name] = ToolDeployment.options(**opts).bind(
-            served, tcfg.backend, dict(tcfg.params), tcfg.max_batch_size, tcfg.batch_wait_timeout_s, cfg.max_pixels, slot
+            served, tcfg.backend, dict(tcfg.params), tcfg.max_batch_size, tcfg.batch_wait_timeout_s, cfg.max_pixels, slot, asdict(cfg.limits)
         )
     return Ingress.options(
         name=INGRESS_NAME,

@@ -16,6 +16,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from toolserver.limits import Limits
 from toolserver.registry import REGISTRY, Backend, ToolSpec, tools
 from toolserver.results import ToolResult
 
@@ -32,6 +33,9 @@ PURE_MODES = ("deployment", "shared", "caller")
 #   nodes: one Ray node per tool GPU, each declaring <prefix>g; replicas keep num_gpus.
 PLACEMENTS = ("ray", "slots", "nodes")
 DEFAULT_PIN_PREFIX = "toolgpu"
+# Shortest bearer token accepted: 16 characters of `secrets.token_urlsafe` are 96 bits. A short
+# token is a guessable one, so the server refuses to start with it.
+MIN_TOKEN_CHARS = 16
 
 
 class ServeConfigError(ValueError):
@@ -116,6 +120,8 @@ class ServeConfig:
     default_timeout_s: float = 120.0
     max_pixels: int = DEFAULT_MAX_PIXELS  # per input image at the HTTP edge, per output everywhere
     http: HttpConfig = field(default_factory=HttpConfig)
+    # Text length, JSON depth and per-row pixel cost, checked before any work (docs/serving.md).
+    limits: Limits = field(default_factory=Limits)
     tools: dict[str, ToolServeConfig] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ loading
@@ -134,9 +140,11 @@ class ServeConfig:
         tool_data = data.pop("tools", None) or {}
         http = data.pop("http", None) or {}
         pure = data.pop("pure", None) or {}
+        limits = data.pop("limits", None) or {}
         try:
             cfg = from_dict(cls, data)
             cfg.http = from_dict(HttpConfig, http)
+            cfg.limits = from_dict(Limits, limits)
             cfg.pure = from_dict(ToolServeConfig, _merge(defaults, pure))
             cfg.tools = {name: from_dict(ToolServeConfig, _merge(defaults, body or {})) for name, body in tool_data.items()}
             # Tools the YAML leaves out still get the defaults (a pure tool becomes a deployment).
@@ -234,6 +242,7 @@ class ServeConfig:
             errors.append(f"http.port {self.http.port} is out of range")
         if self.http.max_request_bytes <= 0 or self.max_pixels <= 0:
             errors.append("http.max_request_bytes and max_pixels must be positive")
+        errors += self.limits.problems()
         if errors:
             raise ServeConfigError("; ".join(errors))
 
@@ -270,7 +279,13 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(http: HttpConfig, token: str | None) -> None:
-    """Refuse to expose the toolbox beyond loopback without a bearer token."""
+    """Refuse to expose the toolbox beyond loopback without a bearer token, and refuse a token
+    shorter than MIN_TOKEN_CHARS anywhere (raises ServeConfigError)."""
+    if token is not None and len(token.strip()) < MIN_TOKEN_CHARS:
+        raise ServeConfigError(
+            f"${http.token_env} holds a {len(token.strip())}-character token; use at least {MIN_TOKEN_CHARS} "
+            "characters, e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
     if http.enabled and not is_loopback(http.host) and not token:
         raise ServeConfigError(
             f"http.host={http.host!r} is not a loopback address, so a bearer token is required: "

@@ -8,6 +8,7 @@ exception in the caller.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any, Protocol
 from PIL import Image
 
 from toolserver.backends import BackendFn, build_backend
+from toolserver.limits import Limits, check_request, predicted_output_refusal
 from toolserver.registry import REGISTRY, Backend, OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolError, ToolResult
@@ -60,6 +62,11 @@ class LocalToolbox:
     max_output_pixels: int = DEFAULT_MAX_PIXELS
     # Per-tool queues of recorded outputs (replay); used before a live backend.
     recorded: dict[str, deque[RecordedOutput]] = field(default_factory=dict)
+    # A server's toolbox (a replica, the HTTP ingress) validates every request itself with
+    # `toolserver.limits.check_request`, since its callers' own validation cannot be trusted;
+    # in-process, the episode runner has already validated each call against its asset store.
+    validate: bool = False
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "LocalToolbox":
@@ -77,7 +84,20 @@ class LocalToolbox:
         self.recorded.setdefault(tool, deque()).append(output)
 
     def call(self, request: ToolRequest) -> ToolResult:
+        """Run one call. Refused before any work: with `validate`, anything `check_request`
+        refuses; always, an output the tool's `output_scale` says would exceed
+        `max_output_pixels` (`output_too_large`). Never raises."""
         t0 = time.perf_counter()
+        if self.validate:
+            checked, refusal = check_request(request, self.limits, self.max_output_pixels)
+            if refusal is not None:
+                return refusal
+            assert checked is not None
+            request = checked
+        else:
+            refusal = predicted_output_refusal(request, self.max_output_pixels)
+            if refusal is not None:
+                return refusal
         result = self._dispatch(request)
         result.elapsed_s = time.perf_counter() - t0
         if result.ok and result.image is not None and result.image.width * result.image.height > self.max_output_pixels:
@@ -128,11 +148,21 @@ class _LazyBackend:
     def __init__(self, name: str, params: dict[str, Any]):
         self.name, self.params = name, params
         self._fn: BackendFn | None = None
+        # Concurrent first calls (a threaded caller, a replica's pool) must build one backend,
+        # not one each: each build may load a model.
+        self._lock = threading.Lock()
+
+    def _backend(self) -> BackendFn:
+        fn = self._fn
+        if fn is None:
+            with self._lock:
+                if self._fn is None:
+                    self._fn = build_backend(self.name, self.params)
+                fn = self._fn
+        return fn
 
     def __call__(self, request: ToolRequest) -> ToolResult:
-        if self._fn is None:
-            self._fn = build_backend(self.name, self.params)
-        result = self._fn(request)
+        result = self._backend()(request)
         if result.plumbing_only:
             log.warning("%s result comes from the random-weight %r backend: plumbing only, not a real result", request.tool, self.name)
         return result

@@ -18,6 +18,10 @@ from toolserver.registry import REGISTRY, ArgSpec, ArgType, OutputKind, ToolSpec
 # Numbers beyond this are rejected outright: they are never meaningful 0-1000 coordinates and
 # they are how overflow bugs get into image code.
 MAX_ABS_NUMBER = 1e6
+# Longest text argument (a prompt, Overlayer text, a grounding phrase) accepted, in characters.
+# Real prompts are a few hundred characters; rendering or encoding megabytes of text is how one
+# reply stalls a tool server. The serving config's `limits.max_text_chars` overrides it there.
+DEFAULT_MAX_TEXT_CHARS = 4096
 
 
 class Profile(str, Enum):
@@ -95,10 +99,29 @@ class CallCheck:
 _NUM_SPLIT = re.compile(r"[,\s]+")
 
 
+def _show(value: Any, n: int = 80) -> str:
+    """`repr(value)` cut to `n` characters; never raises (an int past Python's digit limit has no repr)."""
+    try:
+        text = repr(value)
+    except Exception:  # ValueError from int -> str over sys.get_int_max_str_digits(), or a hostile __repr__
+        text = f"<{type(value).__name__} without a printable form>"
+    return text[:n]
+
+
+def _as_float(value: Any) -> float | None:
+    """`float(value)`, or None for anything that is not a number (huge ints overflow: None too)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def parse_numbers(value: Any, n: int, arg: str) -> tuple[list[float] | None, Issue | None]:
     """Parse `n` finite numbers from a JSON array or a string like "[1, 2, 3, 4]"."""
     what = "[xmin, ymin, xmax, ymax]" if n == 4 else "[x, y]"
-    fmt = Issue(f"{arg}_format", Term.SPEC, f"'{arg}' must be {what} with {n} numbers; got {value!r:.80}", arg)
+    fmt = Issue(f"{arg}_format", Term.SPEC, f"'{arg}' must be {what} with {n} numbers; got {_show(value)}", arg)
     if isinstance(value, str):
         body = value.strip().strip("[]()").strip()
         parts = [p for p in _NUM_SPLIT.split(body) if p]
@@ -110,11 +133,8 @@ def parse_numbers(value: Any, n: int, arg: str) -> tuple[list[float] | None, Iss
         return None, fmt
     out: list[float] = []
     for p in parts:
-        if isinstance(p, bool):
-            return None, fmt
-        try:
-            x = float(p)
-        except (TypeError, ValueError, OverflowError):
+        x = _as_float(p)
+        if x is None:
             return None, fmt
         if not math.isfinite(x):
             return None, Issue("not_finite", Term.SPEC, f"'{arg}' contains a non-finite number", arg)
@@ -146,7 +166,7 @@ def _check_range(vals: list[float], arg: str, profile: Profile) -> list[Issue]:
     return issues
 
 
-def _check_arg(spec: ArgSpec, value: Any, assets: AssetLookup, profile: Profile, chk: CallCheck) -> None:
+def _check_arg(spec: ArgSpec, value: Any, assets: AssetLookup, profile: Profile, chk: CallCheck, max_text_chars: int) -> None:
     issues = chk.issues
     if spec.type is ArgType.ASSET:
         if not isinstance(value, str):
@@ -160,7 +180,7 @@ def _check_arg(spec: ArgSpec, value: Any, assets: AssetLookup, profile: Profile,
                 Issue(
                     "unknown_asset",
                     Term.REF,
-                    f"'{spec.name}' refers to {value!r}, which is not in the imglist {{{', '.join(assets.ids())}}}",
+                    f"'{spec.name}' refers to {_show(value, 60)}, which is not in the imglist {{{', '.join(assets.ids())}}}",
                     spec.name,
                 )
             )
@@ -171,7 +191,7 @@ def _check_arg(spec: ArgSpec, value: Any, assets: AssetLookup, profile: Profile,
         if kind not in allowed:
             want = " or ".join(k.value for k in allowed)
             issues.append(
-                Issue("wrong_asset_kind", Term.SPEC, f"'{spec.name}'={value!r} is a {kind.value}, expected a {want}", spec.name)
+                Issue("wrong_asset_kind", Term.SPEC, f"'{spec.name}'={_show(value, 60)} is a {kind.value}, expected a {want}", spec.name)
             )
         chk.args[spec.name] = value
     elif spec.type in (ArgType.BBOX, ArgType.POSITION):
@@ -193,10 +213,7 @@ def _check_arg(spec: ArgSpec, value: Any, assets: AssetLookup, profile: Profile,
         ok = False
         for c in spec.choices:
             if isinstance(c, (int, float)) and not isinstance(value, bool):
-                try:
-                    ok = float(value) == float(c)
-                except (TypeError, ValueError):
-                    ok = False
+                ok = _as_float(value) == float(c)
                 if ok:
                     value = c
             else:
@@ -204,22 +221,26 @@ def _check_arg(spec: ArgSpec, value: Any, assets: AssetLookup, profile: Profile,
             if ok:
                 break
         if not ok:
-            issues.append(Issue("bad_choice", Term.SPEC, f"'{spec.name}' must be one of {list(spec.choices)}; got {value!r:.40}", spec.name))
+            issues.append(Issue("bad_choice", Term.SPEC, f"'{spec.name}' must be one of {list(spec.choices)}; got {_show(value, 40)}", spec.name))
             return
         chk.args[spec.name] = value
     elif spec.type is ArgType.UNIT:
-        try:
-            x = float(value)
-        except (TypeError, ValueError, OverflowError):
+        x = _as_float(value)
+        if x is None and not isinstance(value, bool):
             issues.append(Issue("bad_type", Term.SPEC, f"'{spec.name}' must be a number in [0, 1]", spec.name))
             return
-        if isinstance(value, bool) or not math.isfinite(x) or not 0.0 <= x <= 1.0:
-            issues.append(Issue("unit_out_of_range", Term.SPEC, f"'{spec.name}' must be in [0, 1]; got {value!r:.40}", spec.name))
+        if x is None or not math.isfinite(x) or not 0.0 <= x <= 1.0:
+            issues.append(Issue("unit_out_of_range", Term.SPEC, f"'{spec.name}' must be in [0, 1]; got {_show(value, 40)}", spec.name))
             return
         chk.args[spec.name] = x
     else:  # TEXT
         if not isinstance(value, str):
             issues.append(Issue("bad_type", Term.SPEC, f"'{spec.name}' must be a string", spec.name))
+            return
+        if len(value) > max_text_chars:
+            issues.append(
+                Issue("text_too_long", Term.SPEC, f"'{spec.name}' has {len(value):,} characters, over the {max_text_chars:,}-character limit", spec.name)
+            )
             return
         chk.args[spec.name] = value
 
@@ -248,7 +269,7 @@ def _extra_checks(tool: ToolSpec, raw: dict[str, Any], assets: AssetLookup, chk:
                         Issue(
                             "unknown_asset",
                             Term.REF,
-                            f"object overlay content {content!r} is not an image ID in the imglist {{{', '.join(assets.ids())}}}",
+                            f"object overlay content {_show(content, 60)} is not an image ID in the imglist {{{', '.join(assets.ids())}}}",
                             "content",
                         )
                     )
@@ -259,7 +280,7 @@ def _extra_checks(tool: ToolSpec, raw: dict[str, Any], assets: AssetLookup, chk:
                             Issue(
                                 "wrong_asset_kind",
                                 Term.SPEC,
-                                f"object overlay content {content!r} must be an RGBA cut-out (e.g. an Extract output), "
+                                f"object overlay content {_show(content, 60)} must be an RGBA cut-out (e.g. an Extract output), "
                                 f"not a {assets.get(content).kind.value}",
                                 "content",
                             )
@@ -268,17 +289,28 @@ def _extra_checks(tool: ToolSpec, raw: dict[str, Any], assets: AssetLookup, chk:
             raise ValueError(f"unknown extra check {name!r} on {tool.name}")
 
 
-def validate_call(name: Any, arguments: Any, assets: AssetLookup, profile: Profile = Profile.CANVASCRAFT) -> CallCheck:
+def validate_call(
+    name: Any,
+    arguments: Any,
+    assets: AssetLookup,
+    profile: Profile = Profile.CANVASCRAFT,
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+) -> CallCheck:
+    """Check one call against the registry and `assets` (the IDs available before it).
+
+    Never raises on any `name`/`arguments`, whatever their types or sizes: each problem is an
+    `Issue`. Text arguments longer than `max_text_chars` are refused (`text_too_long`).
+    """
     tool = REGISTRY.get(name) if isinstance(name, str) else None
     if tool is None:
         return CallCheck(
-            tool=str(name),
+            tool=name[:200] if isinstance(name, str) else _show(name, 60),
             name_ok=False,
             schema_ok=False,
             refs_total=0,
             refs_found=0,
             spec_ok=False,
-            issues=[Issue("unknown_tool", Term.NAME, f"unknown tool {name!r:.60}; available: {', '.join(REGISTRY)}")],
+            issues=[Issue("unknown_tool", Term.NAME, f"unknown tool {_show(name, 60)}; available: {', '.join(REGISTRY)}")],
         )
     chk = CallCheck(tool=tool.name, name_ok=True, schema_ok=True, refs_total=0, refs_found=0, spec_ok=True)
     if not isinstance(arguments, dict):
@@ -292,11 +324,11 @@ def validate_call(name: Any, arguments: Any, assets: AssetLookup, profile: Profi
                 code = "missing_argument" if arg.name not in arguments else "empty_argument"
                 chk.issues.append(Issue(code, Term.SCHEMA, f"{tool.name} needs a non-empty '{arg.name}'", arg.name))
             continue
-        _check_arg(arg, value, assets, profile, chk)
+        _check_arg(arg, value, assets, profile, chk, max_text_chars)
     for extra in arguments:
         if extra not in tool.arg_names:
             chk.issues.append(
-                Issue("unexpected_argument", Term.SPEC, f"{tool.name} has no argument {extra!r:.40}", str(extra), blocking=False)
+                Issue("unexpected_argument", Term.SPEC, f"{tool.name} has no argument {_show(extra, 40)}", _show(extra, 40), blocking=False)
             )
     _extra_checks(tool, arguments, assets, chk)
     chk.schema_ok = not any(i.term is Term.SCHEMA for i in chk.issues)

@@ -314,3 +314,26 @@ def test_calls_made_through_call_tool_have_unobserved_format():
     assert b.r_format == 0.0 and b.r_action == A(1.0)
     assert [c.output_id for c in b.calls] == ["Flip_0", "Crop_0"]
     assert b.r_rule == A(0.6)
+
+
+def test_a_huge_integer_is_a_refused_call_not_a_zeroed_trajectory():
+    # A 400-digit int parses from JSON but overflows float(); it must cost only its own call.
+    huge = 10**400
+    b = rule(
+        run(
+            [
+                R("turn", "Rotate", {"image": "img_1", "angle": huge}),
+                R("blur", "Blur", {"image": "img_1", "bbox": [huge, 0, 1, 2]}),
+                R("flip", "Flip", {"image": "img_1"}),
+                DONE,
+            ]
+        )
+    )
+    assert not any(r.startswith("rule_reward_exception") for r in b.reasons), b.reasons
+    rot, blur, flip = b.calls
+    assert (rot.name, rot.schema, rot.ref, rot.spec, rot.exec) == (1, 1, 1, 0, 0)
+    assert "bad_choice" in rot.issues
+    assert blur.q == 0 and blur.numbers == {}
+    assert flip.q == A(1.0) and flip.output_id == "Flip_0"
+    assert b.n_errors == 2
+    assert b.r_rule > 0

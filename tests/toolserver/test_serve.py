@@ -311,6 +311,32 @@ def test_oversized_and_malformed_inputs_are_rejected(url, http_box, ray_box):
     assert not res.ok and res.error_code == "empty_crop"
 
 
+def test_served_calls_are_validated_and_bounded_like_in_process_ones(url, http_box, json_box, ray_box):
+    """Rotate by 7 degrees, a ±1e9 bbox and over-long text are refused through every client,
+    as the episode runner refuses them in-process; deep JSON is a structured 400."""
+    photo = _photo()
+    refused = [
+        (ToolRequest("Rotate", {"image": "img_1", "angle": 7}, {"image": photo}), "bad_choice"),
+        (ToolRequest("Crop", {"image": "img_1", "bbox": [-1e9, -1e9, 1e9, 1e9]}, {"image": photo}), "number_too_large"),
+        (ToolRequest("Overlayer", {"base_image": "img_1", "overlay_type": "text", "content": "x" * 5000}, {"base_image": photo}), "text_too_long"),
+    ]
+    for req, code in refused:
+        for box in (http_box, json_box, ray_box):
+            res = box.call(req)
+            assert not res.ok and res.error_code == code, (type(box).__name__, req.tool, res.text)
+    r = httpx.post(f"{url}/v1/tools/Rotate", json={"args": {"image": "img_1", "angle": 7}, "images": {"image": _png_b64(photo)}}, headers=_auth())
+    assert r.status_code == 200 and r.json()["error_code"] == "bad_choice"
+    deep = b'{"args": {"bbox": ' + b"[" * 50_000 + b"]" * 50_000 + b"}}"
+    r = httpx.post(f"{url}/v1/tools/Crop", content=deep, headers=_auth())
+    assert r.status_code == 400 and r.json()["error"]["code"] == "json_too_deep"
+    # The scheme is case-insensitive; the API docs are not served at all, token or not.
+    lower = {"authorization": f"bearer {TOKEN}"}
+    assert httpx.get(f"{url}/v1/tools", headers=lower).status_code == 200
+    for path in ("/docs", "/openapi.json"):
+        assert httpx.get(f"{url}{path}").status_code == 404
+        assert httpx.get(f"{url}{path}", headers=_auth()).status_code == 404
+
+
 def test_calls_survive_a_replica_killed_mid_stream(served, ray_box, http_box):
     """Kill one of the two PureTools replicas while two clients stream calls."""
     req = sample_request("Flip")

@@ -195,7 +195,7 @@ def test_public_bind_requires_a_token(host):
     assert not is_loopback(host)
     with pytest.raises(ServeConfigError, match="bearer token is required"):
         check_bind(HttpConfig(host=host), None)
-    check_bind(HttpConfig(host=host), "s3cret")
+    check_bind(HttpConfig(host=host), "s3cret-token-of-24-chars")
     check_bind(HttpConfig(host=host, enabled=False), None)  # no HTTP, nothing exposed
 
 
@@ -210,7 +210,7 @@ def test_build_app_and_cli_refuse_a_public_bind_without_token(monkeypatch, capsy
     monkeypatch.delenv("CANVASAGENT_TOOLSERVER_TOKEN", raising=False)
     assert main(["serve", "--config", "local_cpu", "--host", "0.0.0.0", "--dry-run"]) == 1
     assert "bearer token is required" in capsys.readouterr().out
-    monkeypatch.setenv("CANVASAGENT_TOOLSERVER_TOKEN", "s3cret")
+    monkeypatch.setenv("CANVASAGENT_TOOLSERVER_TOKEN", "s3cret-token-of-24-chars")
     assert main(["serve", "--config", "local_cpu", "--host", "0.0.0.0", "--dry-run"]) == 0
 
 
@@ -434,7 +434,7 @@ def _frame(header: object, pixels: bytes = b"") -> bytes:
 
 def test_raw_frames_are_checked_before_pixels_are_read():
     ok = {"mode": "RGB", "size": [4, 2], "offset": 0, "length": 24}
-    assert http_codec.request_from_raw("Flip", _frame({"images": {"image": ok}}, bytes(24)), 100).images["image"].size == (4, 2)
+    assert http_codec.request_from_raw("Flip", _frame({"images": {"image": ok}}, bytes(24)), 1000).images["image"].size == (4, 2)
     cases = [
         (b"\x00\x00", "bad_request"),  # shorter than the length prefix
         (b"\x00\x00\x01\x00{}", "bad_request"),  # header runs past the body
@@ -452,7 +452,7 @@ def test_raw_frames_are_checked_before_pixels_are_read():
     ]
     for body, code in cases:
         with pytest.raises(BadRequest) as e:
-            http_codec.request_from_raw("Flip", body, 100)
+            http_codec.request_from_raw("Flip", body, 1000)
         assert e.value.code == code, body[:60]
 
 
@@ -469,7 +469,7 @@ def test_http_client_prefers_raw_frames_when_the_server_lists_them():
         if request.url.path == "/v1/tools":
             return httpx.Response(200, json={"tools": [{"name": "Flip", "timeout_s": 5}], "formats": list(http_codec.FORMATS)})
         seen.append((request.headers["content-type"], request.headers["accept"]))
-        req = http_codec.request_from_raw("Flip", request.content, 100)
+        req = http_codec.request_from_raw("Flip", request.content, 1000)
         out = ToolResult(True, "ok", OutputKind.IMAGE, req.images["image"].transpose(Image.Transpose.FLIP_LEFT_RIGHT))
         return httpx.Response(200, content=http_codec.result_to_raw(out), headers={"content-type": http_codec.RAW_CONTENT_TYPE})
 
@@ -555,11 +555,12 @@ class _FakeHandle:
 
 def _ray_box(handle, shm: bool = False) -> RayToolbox:
     from ray.exceptions import RayActorError
+    from ray.serve.exceptions import DeploymentUnavailableError
 
     from toolserver.toolbox import LocalToolbox
 
     box = RayToolbox.__new__(RayToolbox)  # no cluster: exercise the call path with a fake handle
-    box.retry, box._retryable, box.max_pixels = FAST, (RayActorError,), 10_000
+    box.retry, box._retryable, box.max_pixels, box.row_overhead_pixels = FAST, (RayActorError, DeploymentUnavailableError), 10_000, 64
     box.shm, box._shm_off = (ShmPool() if shm else None), set()
     box.manifest = {
         "Flip": {"mode": "deployment", "timeout_s": 1.0, "deployment": "PureTools"},
@@ -573,8 +574,10 @@ def _ray_box(handle, shm: bool = False) -> RayToolbox:
 def test_ray_client_retries_dead_replicas_and_maps_timeouts():
     from ray.exceptions import ActorDiedError
 
+    from ray.serve.exceptions import DeploymentUnavailableError
+
     ok = WireResult.pack(ToolResult(True, "flipped"))
-    h = _FakeHandle([ActorDiedError(), ActorDiedError(), ok])
+    h = _FakeHandle([DeploymentUnavailableError("PureTools"), ActorDiedError(), ok])
     assert _ray_box(h).call(_flip()).ok and len(h.sent) == 3
     assert isinstance(h.sent[0].images["image"].array, np.ndarray)  # arrays on the wire, not PNG
 
@@ -582,8 +585,11 @@ def test_ray_client_retries_dead_replicas_and_maps_timeouts():
     res = _ray_box(resp_timeout).call(_flip())
     assert not res.ok and res.error_code == "timeout"
 
-    dead = _ray_box(_FakeHandle([ActorDiedError()] * 3)).call(_flip())
-    assert not dead.ok and dead.error_code == "toolserver_unavailable"
+    gone = _ray_box(_FakeHandle([DeploymentUnavailableError("PureTools")] * 3)).call(_flip())
+    assert not gone.ok and gone.error_code == "toolserver_unavailable"
+    dead = _FakeHandle([ActorDiedError()] * 3)  # died during the call: resent once, not until attempts run out
+    res = _ray_box(dead).call(_flip())
+    assert not res.ok and res.error_code == "replica_died" and len(dead.sent) == 2
     boom = _ray_box(_FakeHandle([RuntimeError("bug")])).call(_flip())
     assert not boom.ok and boom.error_code == "toolserver_error"
     assert _ray_box(_FakeHandle([])).call(ToolRequest("SAM", {}, {})).error_code == "backend_not_configured"
