@@ -101,6 +101,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         if kind != "sft":
             raise SystemExit("ShareGPT holds SFT trajectories; convert an RL build with --to rl-json")
         path = formats.write_sharegpt(rows, out)
+        info = formats.write_dataset_info(out, path.name, "canvascraft_sft" + (f"_{args.split}" if args.split else ""))
+        print(f"LLaMA-Factory: {info} lists it (dataset_dir: {out})")
     else:
         if kind != "rl":
             raise SystemExit("RL JSON holds RL tasks; convert an SFT build with --to sharegpt")

@@ -23,10 +23,13 @@ RL (`rl-<split>-*.parquet`), one row per task:
   n_steps, n_tools  int
   checks        str   JSON list of verifiable checks for the offline alignment judge
   reference_image  Image | None  expected final image, when the reference solution is deterministic
+  reference_calls  str | None  JSON list of the reference solution's calls ({name, arguments}), when
+                its tools ran in the build (the `scripted:oracle` policy replays them)
 
 Public formats are written beside their images; extra CanvasCraft columns ride along under a
 `canvascraft` key (ShareGPT) or inside `extra_info` (RL JSON), which public readers ignore and
-our readers use, so both round-trips are lossless.
+our readers use, so both round-trips are lossless. A ShareGPT export also gets a
+`dataset_info.json` entry (`write_dataset_info`), so LLaMA-Factory can train on the folder as is.
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ RL_FEATURES = datasets.Features(
         "n_tools": datasets.Value("int32"),
         "checks": _STR,
         "reference_image": _IMG,
+        "reference_calls": _STR,
     }
 )
 FEATURES = {"sft": SFT_FEATURES, "rl": RL_FEATURES}
@@ -199,6 +203,54 @@ def write_sharegpt(rows: list[dict[str, Any]], out_dir: str | Path, name: str = 
     return path
 
 
+# LLaMA-Factory reads a ShareGPT file through an entry of `dataset_info.json` in the dataset
+# folder: `columns` names the record keys, `tags` the message keys and role values. Image paths
+# are relative to that folder (its default `media_dir`). The tool schemas stay inside the system
+# message, in the policy's own prompt format, so no `tools` column is declared.
+LLAMAFACTORY_TAGS = {
+    "role_tag": "role",
+    "content_tag": "content",
+    "user_tag": "user",
+    "assistant_tag": "assistant",
+    "observation_tag": "tool",
+    "system_tag": "system",
+}
+
+
+def llamafactory_entry(file_name: str) -> dict[str, Any]:
+    """The `dataset_info.json` entry for a ShareGPT file written by `write_sharegpt`."""
+    return {
+        "file_name": file_name,
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "images": "images"},
+        "tags": dict(LLAMAFACTORY_TAGS),
+    }
+
+
+def write_dataset_info(out_dir: str | Path, file_name: str, name: str = "canvascraft_sft") -> Path:
+    """Add (or replace) the entry `name` for `file_name` in `out_dir/dataset_info.json`.
+
+    Other entries of an existing file are kept as they are, so the export can go into a
+    LLaMA-Factory `data/` folder that already lists other datasets. A file that is not a JSON
+    object is refused (ValueError) rather than overwritten.
+    """
+    path = Path(out_dir) / "dataset_info.json"
+    info: dict[str, Any] = {}
+    if path.exists():
+        try:
+            info = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); fix or move it, the export will not overwrite it") from None
+        if not isinstance(info, dict):
+            raise ValueError(f"{path} is not a JSON object of dataset entries; fix or move it, the export will not overwrite it")
+    info[name] = llamafactory_entry(file_name)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(info, ensure_ascii=False, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 def read_sharegpt(path: str | Path) -> list[dict[str, Any]]:
     """SFT rows from a ShareGPT file (ours or the public release; missing columns stay empty)."""
     path = Path(path)
@@ -222,7 +274,7 @@ def read_sharegpt(path: str | Path) -> list[dict[str, Any]]:
 
 # -- public RL JSON ----------------------------------------------------------------------------
 
-_RL_EXTRA = ("split", "chain", "reasoning", "length", "diversity", "n_steps", "n_tools", "checks")
+_RL_EXTRA = ("split", "chain", "reasoning", "length", "diversity", "n_steps", "n_tools", "checks", "reference_calls")
 
 
 def write_rl_json(rows: list[dict[str, Any]], out_dir: str | Path, name: str = "rl.json") -> Path:
