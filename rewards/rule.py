@@ -205,7 +205,11 @@ def _canonical(value: Any) -> str:
     try:
         return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
+        pass
+    try:
         return repr(value)
+    except ValueError:  # an int past Python's int -> str digit limit has neither form
+        return f"<{type(value).__name__} without a printable form>"
 
 
 def _numeric_lists(args: Any) -> dict[str, list[float]]:

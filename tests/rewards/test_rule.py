@@ -337,3 +337,19 @@ def test_a_huge_integer_is_a_refused_call_not_a_zeroed_trajectory():
     assert flip.q == A(1.0) and flip.output_id == "Flip_0"
     assert b.n_errors == 2
     assert b.r_rule > 0
+
+
+def test_an_int_with_no_decimal_form_costs_only_its_call():
+    # TRL hands Episode.call_tool Python objects: 10**5000 has no str() (Python's digit limit).
+    from canvasagent.config import make_toolbox
+    from canvasagent.episode import Episode
+    from canvasagent.tasks import Task
+
+    ep = Episode(make_toolbox("offline"))
+    ep.reset(Task("Turn it.", images=[gradient()], expected_tools=["Flip"]))
+    ep.call_tool("Rotate", {"image": "img_1", "angle": 10**5000})
+    ep.call_tool("Blur", {"image": "img_1", "radius": 10**5000})  # unknown tool: its raw arguments are keyed
+    ep.call_tool("Flip", {"image": "img_1"})
+    b = rule(ep.finish("terminate"))
+    assert not any(r.startswith("rule_reward_exception") for r in b.reasons), b.reasons
+    assert [c.exec for c in b.calls] == [0, 0, 1] and b.calls[2].q == A(1.0)
