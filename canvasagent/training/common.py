@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -153,10 +155,109 @@ def common_trl_args(cfg: TrainConfig, with_deepspeed: bool = True) -> dict[str, 
     return args
 
 
-def last_checkpoint(out: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+_WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "global_step*")  # HF weights, or a DeepSpeed state folder
 
-    return get_last_checkpoint(str(out)) if out.is_dir() else None
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is torn (header or tensor bytes cut short), or None."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            if size < 8 + n:
+                return f"{path.name} is cut short inside its header"
+            header = json.loads(fh.read(n))
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        return f"{path.name} has an unreadable header ({e})"
+    if size < 8 + n + max(ends, default=0):
+        return f"{path.name} is cut short ({size} bytes, its header needs {8 + n + max(ends)})"
+    return None
+
+
+def checkpoint_problem(ckpt: str | Path) -> str | None:
+    """Why a `checkpoint-N` folder cannot be resumed from, or None when it is complete.
+
+    Complete means what the Trainer writes last, `trainer_state.json`, parses and names step N,
+    model weights are there, and no weight, optimizer or RNG file is torn (safetensors checked
+    against their header, torch files as zip archives). A folder a kill left mid-save fails.
+    """
+    ckpt = Path(ckpt)
+    m = _CHECKPOINT_RE.match(ckpt.name)
+    state_file = ckpt / "trainer_state.json"
+    if not state_file.is_file():
+        return "no trainer_state.json (the save did not finish)"
+    try:
+        state = json.loads(state_file.read_text())
+        step = int(state["global_step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"trainer_state.json is unreadable ({e})"
+    if m and step != int(m.group(1)):
+        return f"trainer_state.json is for step {step}, not {m.group(1)}"
+    if not any(any(ckpt.glob(g)) for g in _WEIGHT_GLOBS):
+        return "no model weights"
+    index = ckpt / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            return f"{index.name} is unreadable ({e})"
+        missing = sorted(f for f in shards if not (ckpt / f).is_file())
+        if missing:
+            return f"weight shards missing: {', '.join(missing)}"
+    for f in sorted(ckpt.rglob("*.safetensors")):
+        if (why := _safetensors_problem(f)) is not None:
+            return why
+    for f in sorted([*ckpt.rglob("*.pt"), *ckpt.rglob("*.pth"), *ckpt.rglob("*.bin")]):
+        if not zipfile.is_zipfile(f):  # torch.save writes zip archives; a torn one has no central directory
+            return f"{f.relative_to(ckpt)} is torn (not a complete torch archive)"
+    return None
+
+
+def last_checkpoint(out: Path) -> str | None:
+    """The newest complete `checkpoint-N` under `out` (None if there is none).
+
+    Newer folders that fail `checkpoint_problem` (a kill during a save leaves one) are skipped
+    with a warning, so a resume continues from the last checkpoint that was fully written.
+    """
+    if not out.is_dir():
+        return None
+    found = sorted(
+        ((int(m.group(1)), p) for p in out.iterdir() if (m := _CHECKPOINT_RE.match(p.name)) and p.is_dir()), reverse=True
+    )
+    for _, ckpt in found:
+        why = checkpoint_problem(ckpt)
+        if why is None:
+            return str(ckpt)
+        log.warning("not resuming from %s: %s; trying an older checkpoint", ckpt, why)
+    if found:
+        log.warning("no complete checkpoint in %s: training starts from the beginning", out)
+    return None
+
+
+def whole_run_loss(state: Any, ckpt: str | None, run_loss: float) -> float:
+    """The mean training loss over every step of a run, resumed or not.
+
+    The Trainer's `training_loss` averages only the steps of this call (those after `ckpt`).
+    The steps before come from the checkpoint's logged losses, each weighted by the steps it
+    covers; steps after the checkpoint's last loss log and before its save were never logged,
+    so they are left out of the mean rather than guessed.
+    """
+    if not ckpt:
+        return run_loss
+    before = json.loads((Path(ckpt) / "trainer_state.json").read_text())
+    start = int(before["global_step"])
+    total, steps, prev = 0.0, 0, 0
+    for h in before.get("log_history", []):
+        if "loss" in h and "step" in h and prev < h["step"] <= start:
+            total += float(h["loss"]) * (h["step"] - prev)
+            steps += h["step"] - prev
+            prev = h["step"]
+    resumed = state.global_step - start
+    if steps + resumed <= 0:
+        return run_loss
+    return (total + run_loss * resumed) / (steps + resumed)
 
 
 def save_final(trainer: Any, processor: Any, src_model_path: str, dest: Path) -> Path:

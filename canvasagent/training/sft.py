@@ -12,6 +12,7 @@ from canvasagent.training.common import (
     load_model_and_processor,
     peft_config,
     save_final,
+    whole_run_loss,
     workspace,
 )
 from canvasagent.training.config import TrainConfig
@@ -60,6 +61,8 @@ def run_sft(cfg: TrainConfig, callbacks: list | None = None) -> dict[str, Any]:
         log.info("resuming SFT from %s", ckpt)
     result = trainer.train(resume_from_checkpoint=ckpt)
     final = save_final(trainer, processor, ws.model_path, ws.output_dir / "final")
-    log.info("SFT done: %d steps, loss %.4f -> %s", trainer.state.global_step, result.training_loss, final)
-    return {"final": str(final), "global_step": trainer.state.global_step, "train_loss": result.training_loss,
+    # Over every step of the run: the Trainer's own figure covers only the steps after a resume.
+    train_loss = whole_run_loss(trainer.state, ckpt, result.training_loss)
+    log.info("SFT done: %d steps, loss %.4f -> %s", trainer.state.global_step, train_loss, final)
+    return {"final": str(final), "global_step": trainer.state.global_step, "train_loss": train_loss,
             "log_history": trainer.state.log_history}
