@@ -1,8 +1,12 @@
 """What the web UI does, without the web: one `Session` per browser tab, as plain Python.
 
 Keeping Gradio out of this module lets the behaviour be tested directly and keeps `app.py` a
-thin layout. Every action returns a `View`, the full state to render: the step log, the asset
-gallery (imglist IDs with provenance), the rollback choices and the download files.
+thin layout. Every action returns a `View`, the full state to render: the transcript (one message
+per turn: the reason, the call with its arguments, the observation with its image), the step log,
+the asset gallery (imglist IDs with provenance), the rollback choices and the download files.
+
+`PaintController` does the same for the EASEL Paint tab: a `PaintSession` per tab, and a
+`PaintView` (canvas, reference, S curve, status) after every command.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from canvasagent.episode import EpisodeConfig, StepResult
 from canvasagent.imageio import load_image
 from canvasagent.interactive.session import Proposal, Session
 from canvasagent.policies.guards import GuardConfig, GuardedPolicy
+from canvasagent.policies.human import human_reply
 from canvasagent.policies.spec import build_policy
+from canvasagent.protocol import format_reply
 from canvasagent.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,8 @@ class UIConfig:
     runs_dir: str = "runs/ui"
     max_turns: int = 12
     max_invalid: int = 4
+    rollouts: str | None = None  # a GRPO dump or eval run the Rollouts tab opens at start
+    scale_rewards: str = "group"  # how the viewer recomputes GRPO advantages (the run's grpo.scale_rewards)
 
 
 @dataclass
@@ -46,6 +54,40 @@ class View:
     final_image: Any  # file path of the final image, or None
     files: list[str]
     status: str
+    transcript: list[dict[str, Any]] = field(default_factory=list)  # chat messages (role, content parts)
+
+
+@dataclass(frozen=True)
+class Example:
+    """An offline example: a scikit-image sample photo, an instruction and how to drive it."""
+
+    label: str
+    sample: str  # a skimage.data function name
+    instruction: str
+    policy: str  # "" = you type every call
+    command: str  # a take-over command that does the task with the offline tools
+
+
+EXAMPLES: tuple[Example, ...] = (
+    Example("Astronaut · mirror it (scripted policy)", "astronaut", "Mirror the photo left to right.", "scripted:flip", ""),
+    Example("Cat · keep the left half (you drive)", "chelsea", "Keep only the left half of the photo.", "",
+            'Crop {"image": "img_1", "bbox": [0, 0, 500, 1000]}'),
+    Example("Coffee · turn it a quarter (you drive)", "coffee", "Rotate the photo by 90 degrees.", "",
+            'Rotate {"image": "img_1", "angle": 90}'),
+)
+
+
+def example_files(example: Example, folder: str | Path) -> list[str]:
+    """The example's image written once under `folder` (no network: the photos ship with scikit-image)."""
+    import skimage.data
+
+    path = Path(folder) / f"{example.sample}.png"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        Image.fromarray(getattr(skimage.data, example.sample)()).save(tmp, format="PNG")
+        tmp.replace(path)
+    return [str(path)]
 
 
 @dataclass
@@ -65,6 +107,19 @@ def provenance_caption(asset: Any) -> str:
         args = args[:77] + "…"
     src = ", ".join(p.inputs) or "–"
     return f"{asset.id} · {p.tool} (turn {p.turn + 1 if p.turn is not None else '?'}) from {src} · {args}"
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _file(path: Any) -> dict[str, Any]:
+    return {"path": str(path)}  # Gradio fills in the image MIME type, so the chat shows it inline
+
+
+def _md(text: str) -> str:
+    """Text from a model or a tool, safe in Markdown: no raw HTML, one line."""
+    return (text or "").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ").strip()
 
 
 class UIController:
@@ -99,7 +154,49 @@ class UIController:
             self._still(st, final.image) if final is not None else None,
             files,
             state,
+            self.transcript(st),
         )
+
+    def transcript(self, st: UIState) -> list[dict[str, Any]]:
+        """The conversation so far, from the trajectory itself (so a rollback rewinds it): the
+        task with its images, then per turn who decided, the reason, the call with its arguments
+        and the observation with the image it made; then any proposal awaiting a decision."""
+        s = st.session
+        if s is None:
+            return []
+        task = s.trajectory.task
+        assets = s.episode.assets
+        user: list[dict[str, Any]] = [_text(f"**Task** — {_md(task.instruction) or '_(no instruction)_'}  \nimglist: {assets.imglist_text()}")]
+        user += [_file(self._still(st, img)) for img in task.images]
+        msgs = [{"role": "user", "content": user}]
+        for t in s.trajectory.turns:
+            who = t.result_data.get("user")
+            call = f"`{t.call.name} {json.dumps(t.call.arguments, ensure_ascii=False)}`" if t.call else ("`<Terminate>`" if t.status == "terminate" else "_no valid call_")
+            if who == "took_over":
+                msgs.append({"role": "user", "content": [_text(f"**Turn {t.index + 1} · you took over** — {call}")]})
+            else:
+                note = " _(arguments edited by you)_" if who == "edited" else ""
+                msgs.append({"role": "assistant", "content": [_text(
+                    f"**Turn {t.index + 1}** — reason: {_md(t.reason) or '_(none)_'}  \ncall: {call}{note}")]})
+            if t.status == "terminate":
+                obs = "↳ finished"
+            elif t.status == "ok":
+                obs = f"↳ observation: {_md(t.observation or t.tool_text or '')}"
+            else:
+                obs = f"↳ **{t.status}** ({t.error_code}): {_md(t.error or '')}"
+            parts = [_text(obs)]
+            if t.output_id and t.output_id in assets:
+                parts.append(_file(self._still(st, assets.get(t.output_id).image)))
+            msgs.append({"role": "assistant", "content": parts})
+        p = st.pending
+        if p is not None:
+            call = f"`{p.call.name} {json.dumps(p.call.arguments, ensure_ascii=False)}`" if p.call else ("`<Terminate>`" if p.terminates else "_no valid call_")
+            msgs.append({"role": "assistant", "content": [_text(
+                f"**Proposed (turn {len(s.trajectory.turns) + 1})** — reason: {_md(p.parsed.reason) or '_(none)_'}  \ncall: {call}  \n"
+                "_awaiting your decision: Approve, edit then Approve, or Reject_")]})
+        if s.done:
+            msgs.append({"role": "assistant", "content": [_text(f"■ session finished ({s.trajectory.stop_reason})")]})
+        return msgs
 
     @staticmethod
     def _still(st: UIState, image: Image.Image) -> Any:
@@ -210,16 +307,25 @@ class UIController:
         if s is None or p is None:
             return self.view(st, "nothing proposed: press Propose first")
         edit = edit.strip()
-        try:
-            if not edit:
-                res = s.approve(p)
-            elif edit.startswith("{"):
-                res = s.edit_arguments(p, json.loads(edit))
-            else:
-                name, _, rest = edit.partition(" ")
-                res = s.edit_arguments(p, json.loads(rest or "{}"), name=name)
-        except (ValueError, json.JSONDecodeError) as e:
-            return self.view(st, f"error: could not use that edit ({e}); nothing was executed")
+        if not edit:
+            res = s.approve(p)
+        else:
+            try:
+                if edit.startswith("{"):
+                    name, args = (p.call.name if p.call else ""), json.loads(edit)
+                else:
+                    name, _, rest = edit.partition(" ")
+                    args = json.loads(rest or "{}")
+                if not name:
+                    raise ValueError("the proposal has no call to edit; write Tool {json}")
+                if not isinstance(args, dict):
+                    raise ValueError("the arguments must be a JSON object")
+            except ValueError as e:  # json.JSONDecodeError is a ValueError
+                return self.view(st, f"error: could not use that edit ({e}); nothing was executed")
+            problem = s.check(format_reply("edit", {"name": name, "arguments": args}))
+            if problem is not None:  # e.g. an unknown asset: the proposal stays pending, fix and retry
+                return self.view(st, f"error: that edit would not run ({problem}); nothing was executed")
+            res = s.edit_arguments(p, args, name=name)
         st.pending = None
         if edit:
             st.log.append(f"✎ you edited the call: `{edit}`")
@@ -253,6 +359,9 @@ class UIController:
         s = st.session
         if s is None or s.done:
             return self.view(st, "start a session first" if s is None else "")
+        problem = s.check(human_reply(command))
+        if problem is not None:  # a typo or an unknown asset: nothing runs, nothing is recorded
+            return self.view(st, f"error: that would not run ({problem}); fix it and press Execute again")
         st.pending = None  # taking over replaces any pending proposal
         st.log.append(f"**You** — `{command.strip()}`")
         self._log_result(st, s.take_over(command))
@@ -282,3 +391,77 @@ class UIController:
         if st is not None and st.session is not None and not st.session.done:
             log.info("UI session closed mid-episode; saved to %s", st.dir)
             st.session.finish("user_closed")
+
+
+# -- EASEL: paint stroke by stroke -----------------------------------------------------------------
+
+
+@dataclass
+class PaintView:
+    canvas: Any  # file path of the canvas image, or None before a start
+    reference: Any
+    curve: Any  # file path of the S curve plot, or None before the first step
+    status: str
+    log_md: str
+
+
+@dataclass
+class PaintState:
+    session: Any = None  # a PaintSession
+    dir: Path | None = None
+    log: list[str] = field(default_factory=list)
+
+
+class PaintController:
+    """The Paint tab: start a painting of a reference, then one command per click (see
+    `canvasagent.interactive.paint.parse_command`); S is shown after every stroke."""
+
+    def __init__(self, runs_dir: str | Path = "runs/ui"):
+        self.runs_dir = Path(runs_dir)
+
+    def view(self, st: PaintState, status: str = "") -> PaintView:
+        ps = st.session
+        if ps is None:
+            return PaintView(None, None, None, status or "choose a reference and press Start painting", "")
+        d = st.dir
+        assert d is not None
+        curve = d / "s_curve.png"
+        return PaintView(self._snapshot(d / "canvas.png", d), str(d / "reference.png"), self._snapshot(curve, d) if curve.exists() else None,
+                         status or ps.status(), "\n\n".join(st.log))
+
+    @staticmethod
+    def _snapshot(path: Path, d: Path) -> str:
+        """A write-once copy named by content: the live file is rewritten after every stroke, and a
+        browser fetching it meanwhile would get a truncated image."""
+        data = path.read_bytes()
+        out = d / "view" / f"{path.stem}-{hashlib.sha1(data).hexdigest()[:16]}.png"
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data)
+        return str(out)
+
+    def start(self, st: PaintState, sample: str | None, upload: str | None, budget: Any, size: Any) -> PaintView:
+        from canvasagent.interactive.paint import PaintCommandError, PaintSession, load_reference
+
+        try:
+            ref = load_reference(upload or sample or "", int(size or 128))
+            st.dir = self.runs_dir / f"paint-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            st.session = PaintSession(ref, int(budget or 20), out_dir=st.dir)
+        except (PaintCommandError, ValueError, TypeError) as e:
+            return self.view(st, f"error: {e}")
+        st.log = [f"Painting {Path(upload).name if upload else sample} at {ref.shape[0]}×{ref.shape[1]}: {st.session.status()}"]
+        return self.view(st)
+
+    def command(self, st: PaintState, text: str) -> PaintView:
+        from canvasagent.interactive.paint import PaintCommandError
+
+        ps = st.session
+        if ps is None:
+            return self.view(st, "press Start painting first")
+        try:
+            step = ps.command(text)
+        except PaintCommandError as e:  # nothing was done: fix it and try again
+            return self.view(st, f"error: {e}")
+        r = step.result
+        st.log.append(f"**{step.tool}** — {r.message} · {ps.status()}")
+        return self.view(st)

@@ -69,8 +69,15 @@ def test_upload_run_replay_and_gallery(app, browser, tmp_path):
     gallery = browser.find_element(By.ID, "asset-gallery")
     _wait(lambda: len(gallery.find_elements(By.TAG_NAME, "img")) >= 3, what="three gallery images")
     _wait(lambda: "finished" in browser.find_element(By.CSS_SELECTOR, "#status textarea").get_attribute("value"), what="status")
-    steps = browser.find_element(By.ID, "steps").text
-    assert "Mirror the photo." in steps and "Flip_0" in steps and "finished" in steps
+    # The transcript reads like a conversation: the task, then reason + call, observation + image.
+    chat = _wait(lambda: (el := browser.find_element(By.ID, "transcript")) and "session finished" in el.text and el, what="the transcript")
+    text = chat.text
+    assert "Task" in text and "Mirror it and keep the left half" in text
+    assert "reason: Mirror the photo." in text and 'Flip {"image": "img_1"}' in text and "Crop_0" in text
+    assert text.index("Mirror the photo.") < text.index("Keep the left half.") < text.index("session finished")
+    _wait(lambda: len(chat.find_elements(By.TAG_NAME, "img")) >= 3, what="input, Flip_0 and Crop_0 in the transcript")
+    for group in ("run-controls", "step-controls", "hitl-controls"):
+        assert browser.find_element(By.ID, group).is_displayed()
     downloads = browser.find_element(By.ID, "downloads").text
     assert "trajectory-" in downloads and "Crop_0" in downloads
     browser.save_screenshot(str(tmp_path / "ui.png"))
@@ -83,7 +90,7 @@ def test_upload_run_replay_and_gallery(app, browser, tmp_path):
     browser.find_element(By.ID, "rollback").click()
     _wait(lambda: browser.find_element(By.CSS_SELECTOR, "#asset-ids textarea").get_attribute("value").split() == ["img_1", "Flip_0"], what="the rollback")
     _wait(lambda: len(browser.find_element(By.ID, "asset-gallery").find_elements(By.TAG_NAME, "img")) == 2, what="two gallery images")
-    assert "rolled back to Flip_0" in browser.find_element(By.ID, "steps").text
+    _wait(lambda: "Crop_0" not in browser.find_element(By.ID, "transcript").text, what="the transcript to rewind")
 
     (session_dir,) = list(runs.iterdir())
     traj = Trajectory.load(session_dir)
