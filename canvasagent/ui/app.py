@@ -23,6 +23,9 @@ from canvasagent.ui import rollouts as R
 from canvasagent.ui.controller import EXAMPLES, PaintController, PaintState, UIConfig, UIController, UIState, View, example_files
 
 
+ALL = "(all)"  # the Step and Group pickers' "no filter" choice
+
+
 def _outputs(v: View, st: UIState) -> tuple[Any, ...]:
     import gradio as gr
 
@@ -140,10 +143,10 @@ def build_app(config: UIConfig | None = None):
                     load = gr.Button("Load", variant="primary", scale=1, elem_id="rollout-load")
                 info = gr.Markdown(elem_id="rollout-info")
                 with gr.Row():
-                    f_step = gr.Dropdown(label="Step", choices=[], value=None, elem_id="rollout-step")
-                    f_group = gr.Dropdown(label="Group", choices=[], value=None, elem_id="rollout-group")
+                    f_step = gr.Dropdown(label="Step", choices=[ALL], value=ALL, elem_id="rollout-step")
+                    f_group = gr.Dropdown(label="Group (a prompt's rollouts)", choices=[ALL], value=ALL, elem_id="rollout-group")
                     f_sort = gr.Dropdown(label="Sort", choices=list(R.SORTS), value=R.SORTS[0], elem_id="rollout-sort")
-                    f_min = gr.Number(label="Min reward", value=None, elem_id="rollout-min")
+                    f_min = gr.Textbox(label="Min reward (empty: any)", value="", elem_id="rollout-min")
                     f_err = gr.Checkbox(label="Only with tool errors", value=False, elem_id="rollout-errors")
                 table = gr.Dataframe(headers=R.TABLE_HEADERS, value=[], interactive=False, wrap=True, elem_id="rollout-table")
                 with gr.Row():
@@ -152,10 +155,10 @@ def build_app(config: UIConfig | None = None):
                 with gr.Row():
                     with gr.Column():
                         side_a = gr.Markdown(elem_id="side-a")
-                        images_a = gr.Gallery(label="A: inputs and the image of every turn", columns=4, height="auto", elem_id="images-a")
+                        images_a = gr.Gallery(label="A: inputs and the image of every turn", columns=4, height=300, object_fit="contain", elem_id="images-a")
                     with gr.Column():
                         side_b = gr.Markdown(elem_id="side-b")
-                        images_b = gr.Gallery(label="B: inputs and the image of every turn", columns=4, height="auto", elem_id="images-b")
+                        images_b = gr.Gallery(label="B: inputs and the image of every turn", columns=4, height=300, object_fit="contain", elem_id="images-b")
 
             with gr.Tab("Paint (EASEL)", id="paint"):
                 p_state = gr.State(PaintState())
@@ -219,24 +222,29 @@ def build_app(config: UIConfig | None = None):
         # -- Rollouts -------------------------------------------------------------------------
         def refilter(rs, step_, group_, sort_, min_, err_, a=None, b=None):
             if rs is None:
-                return [], gr.Dropdown(choices=[], value=None), gr.Dropdown(choices=[], value=None), gr.Dropdown(choices=[], value=None)
+                return [], gr.Dropdown(choices=[ALL], value=ALL), gr.Dropdown(choices=[], value=None), gr.Dropdown(choices=[], value=None)
+            step_ = None if step_ in (None, ALL) else step_
             groups = rs.groups(step_)
             group_ = group_ if group_ in groups else None
-            rows = R.select(rs, step_, group_, None if min_ is None else float(min_), bool(err_), sort_ or R.SORTS[0])
+            try:
+                lowest = float(min_) if str(min_ or "").strip() else None
+            except ValueError:  # a half-typed number filters nothing
+                lowest = None
+            rows = R.select(rs, step_, group_, lowest, bool(err_), sort_ or R.SORTS[0])
             keys = [r.key for r in rows]
             # Two rollouts of one group side by side: default to the best and the worst of the
             # first group shown.
             first = [k for k, r in zip(keys, rows) if r.group == rows[0].group] if rows else []
             a = a if a in keys else (first[0] if first else None)
             b = b if b in keys and b != a else (first[-1] if len(first) > 1 else None)
-            return (R.table(rows), gr.Dropdown(choices=groups, value=group_),
+            return (R.table(rows), gr.Dropdown(choices=[ALL, *groups], value=group_ or ALL),
                     gr.Dropdown(choices=keys, value=a), gr.Dropdown(choices=keys, value=b))
 
         def on_load(folder_, scale_):
             rs, msg = viewer.load(folder_ or "", scale_)
             steps_ = rs.steps() if rs else []
-            table_, group_dd, a_dd, b_dd = refilter(rs, None, None, R.SORTS[0], None, False)
-            return (rs, msg, gr.Dropdown(choices=steps_, value=None), group_dd, table_, a_dd, b_dd)
+            table_, group_dd, a_dd, b_dd = refilter(rs, None, None, R.SORTS[0], "", False)
+            return (rs, msg, gr.Dropdown(choices=[ALL, *steps_], value=ALL), group_dd, table_, a_dd, b_dd)
 
         def on_filter(rs, step_, group_, sort_, min_, err_, a, b):
             return refilter(rs, step_, group_, sort_, min_, err_, a, b)

@@ -57,6 +57,13 @@ def test_rollout_viewer_on_a_real_grpo_dump(viewer_app, browser, tmp_path):
     browser.find_element(By.CSS_SELECTOR, "#rollout-errors input").click()
     _pick(browser, "rollout-sort", "reward ↑")
     _wait(lambda: (t := browser.find_element(By.ID, "rollout-table").text) and best.key in t and t.index(worst.key) < t.index(best.key), what="ascending sort")
+    # Browse step -> group, then keep only rewards above the midpoint.
+    _pick(browser, "rollout-step", best.step)
+    _pick(browser, "rollout-group", best.group)
+    browser.find_element(By.CSS_SELECTOR, "#rollout-min textarea, #rollout-min input").send_keys(f"{(best.reward + worst.reward) / 2:.4f}")
+    keep = {r.key for r in rs.rollouts if r.reward >= (best.reward + worst.reward) / 2}
+    _wait(lambda: (t := browser.find_element(By.ID, "rollout-table").text) and all(k in t for k in keep)
+          and not any(r.key in t for r in rs.rollouts if r.key not in keep), what="the min-reward filter")
 
 
 def test_paint_tab_stroke_undo_submit(tmp_path, browser):
