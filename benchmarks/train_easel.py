@@ -16,15 +16,12 @@ import argparse
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 for _k, _v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TRL_EXPERIMENTAL_SILENCE", "1")):
     os.environ.setdefault(_k, _v)
-# The repository root first: benchmarks/toolserver.py would otherwise shadow the toolserver package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 log = logging.getLogger("train_easel")
 

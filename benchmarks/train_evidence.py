@@ -23,7 +23,6 @@ from pathlib import Path
 
 for _k, _v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TRL_EXPERIMENTAL_SILENCE", "1")):
     os.environ.setdefault(_k, _v)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def paired(sft: list[dict], grpo: list[dict], key: str = "hybrid") -> dict[str, float]:

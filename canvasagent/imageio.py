@@ -74,3 +74,26 @@ def to_png_bytes(image: Image.Image) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     return buf.getvalue()
+
+
+def rgb_float(img: Image.Image, size: int = 0):
+    """The image as an RGB float32 array on [0, 1] (RGBA composited on white), resized to
+    size x size (0: native size)."""
+    import numpy as np
+
+    if img.mode == "RGBA":
+        bg = Image.new("RGB", img.size, (255, 255, 255))
+        bg.paste(img, mask=img.getchannel("A"))
+        img = bg
+    img = img.convert("RGB")
+    if size:
+        img = img.resize((size, size), Image.Resampling.BILINEAR)
+    return np.asarray(img, dtype=np.float32) / 255.0
+
+
+def images_match(a: Image.Image, b: Image.Image, tolerance: float = 0.5 / 255) -> bool:
+    """Same size and a mean absolute RGB difference of at most `tolerance` on [0, 1]: what a
+    deterministic tool chain reproduces."""
+    if a.size != b.size:
+        return False
+    return float(abs(rgb_float(a) - rgb_float(b)).mean()) <= tolerance

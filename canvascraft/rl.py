@@ -16,7 +16,9 @@ import random
 from typing import Any
 
 from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.imageio import images_match
 from canvasagent.tasks import Task
+from canvasagent.trajectory import Trajectory
 from canvascraft.chains import Chain
 from canvascraft.formats import dump_checks, png
 from canvascraft.plan import Plan, make_plan
@@ -104,13 +106,19 @@ def add_conditions(plan: Plan, reasoning: str, rng: random.Random) -> tuple[int,
     return len(chosen), state
 
 
-def checks_for(plan: Plan, has_reference: bool) -> list[dict[str, Any]]:
-    """Verifiable checks in the offline alignment judge's vocabulary (rewards/checks.py)."""
+def checks_for(plan: Plan, has_reference: bool, ocr_answer: str | None = None) -> list[dict[str, Any]]:
+    """Verifiable checks in the offline alignment judge's vocabulary (rewards/checks.py).
+
+    `has_reference`: the chain is deterministic and its executed final image is the target, so
+    the match must be exact. `ocr_answer`: text the reference solution's OCR call really read
+    (the answer an OCR task asks for)."""
     tools = [s.tool for s in plan.steps]
     checks: list[dict[str, Any]] = []
     if has_reference:
         # `task_of(row)` puts the row's reference_image at task.meta["reference_images"][0].
-        checks.append({"type": "reference_similarity", "image_index": 0, "metric": "ssim", "threshold": 0.9})
+        checks.append({"type": "reference_similarity", "image_index": 0, "metric": "ssim", "threshold": 0.9, "exact": True})
+    if ocr_answer:
+        checks.append({"type": "answer_contains", "text": ocr_answer, "tool": "OCR"})
     for i, s in enumerate(plan.steps):
         later = tools[i + 1 :]
         # Only when nothing later could hide, turn or cut the text.
@@ -137,6 +145,14 @@ def checks_for(plan: Plan, has_reference: bool) -> list[dict[str, Any]]:
     if "ImageEdit" in tools and plan.inputs:
         checks.append({"type": "differs_from", "of": "img_1"})
     return checks
+
+
+def tools_read(traj: Trajectory, tool: str, text: str) -> bool:
+    """True if a successful `tool` call of the trajectory answered with `text` (spaces and case
+    ignored), as the `answer_contains` check reads it."""
+    want = "".join(text.split()).lower()
+    return any(t.call is not None and t.call.name == tool and t.status == "ok" and want in "".join((t.observation or "").split()).lower()
+               for t in traj.turns)
 
 
 def _deterministic(chain: Chain) -> bool:
@@ -210,16 +226,26 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
         "length": length_level(len(chain.tools)),
         "diversity": diversity_level(chain.distinct_tools),
     }
-    reference = None
-    if cfg.reference_images and _deterministic(chain) and not missing_backends(chain, ctx.toolbox):
-        # Conditions do not change a deterministic reference: each holds by construction.
+    reference, reference_calls, ocr_answer = None, None, None
+    if not missing_backends(chain, ctx.toolbox):
+        # Conditions do not change the reference solution: each holds by construction.
         task = Task(instruction, [i.image for i in inputs], id="reference", expected_tools=list(chain.tools))
         traj = run_episode(ChainPolicy(plan, ctx.phrasings, rng), task, ctx.toolbox, EpisodeConfig(max_turns=len(chain.tools) + 1))
         if quality_control(traj, plan):
             return "reference_failed"
+        reference_calls = json.dumps([{"name": t.call.name, "arguments": t.call.arguments} for t in traj.turns if t.call is not None],
+                                     ensure_ascii=False, sort_keys=True)
         final = traj.final_asset()
-        reference = png(final.image) if final else None
-    checks = checks_for(plan, reference is not None)
+        if cfg.reference_images and _deterministic(chain) and final is not None:
+            if inputs and images_match(final.image, inputs[0].image):
+                return "reference_equals_input"  # doing nothing would already be right
+            reference = png(final.image)
+        text = inputs[0].meta.get("text") if inputs else None
+        if text and tools_read(traj, "OCR", text):
+            ocr_answer = text
+        elif text and chain.tools[-1] == "OCR":
+            return "reference_unreadable"  # the task's answer is not what its tool can read
+    checks = checks_for(plan, reference is not None, ocr_answer if chain.tools[-1] == "OCR" else None)
     row = {
         "id": f"rl-{job.split}-{job.seed}-{slot:06d}",
         "split": job.split,
@@ -232,6 +258,7 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
         "n_tools": chain.distinct_tools,
         "checks": dump_checks(checks),
         "reference_image": reference,
+        "reference_calls": reference_calls,
         **labels,
     }
     return {"row": row, "labels": labels}
@@ -253,5 +280,6 @@ def task_of(row: dict[str, Any]) -> Task:
             "chain": row["chain"],
             "split": row["split"],
             "reference_images": [open_image(row["reference_image"]["bytes"])] if row.get("reference_image") else [],
+            "reference_calls": json.loads(row["reference_calls"]) if row.get("reference_calls") else [],
         },
     )

@@ -20,6 +20,7 @@ check passed (`all_passed`), and the mean score is reported separately as partia
 | `orientation` | `orientation` `landscape` / `portrait` / `square`, or `relation` `same` / `swapped` with `of` (asset ID); `tolerance` (0.02) | 1 or 0 | score is 1 |
 | `asset_kind` | `kind` `image` / `mask` / `rgba`; `tool` (optional: made by this tool); `final` (false: the final image must be it) | 1 if a produced asset qualifies, else 0 (a no-op produces nothing) | score is 1 |
 | `grounding_finds` | `text`; `region` (optional [x0, y0, x1, y1] in 0-1000); `min_iou` (0.1) | 1 if the grounding tool finds `text` in the final image (inside `region`: min(1, best IoU / min_iou)), else 0 | score is 1 |
+| `easel_reconstruction` | `threshold` (0.8) | the EASEL outcome the environment recorded (`trajectory.meta["easel"]`: `score` = S of the final canvas, `s_blank` = S of the blank canvas), calibrated as (S − S_blank) / (1 − S_blank) | gain ≥ threshold |
 | `differs_from` | `of` (asset ID, default `img_1`); `min_change` (mean absolute difference on [0, 1], default 0.02) | min(1, change / min_change). Necessary, not sufficient: any change passes, so builders pair it with a check of what the change should be | change ≥ min_change |
 
 Rules every check obeys:
@@ -54,6 +55,7 @@ from PIL import Image
 from skimage.metrics import structural_similarity
 
 from canvasagent.assets import Asset, AssetStore
+from canvasagent.imageio import images_match, rgb_float
 from canvasagent.trajectory import Trajectory
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
@@ -65,6 +67,7 @@ CHECK_TYPES = (
     "reference_similarity",
     "ocr_contains",
     "answer_contains",
+    "easel_reconstruction",
     "size_relation",
     "orientation",
     "asset_kind",
@@ -197,15 +200,7 @@ def _asset_image(ctx: CheckContext, asset_id: Any) -> Image.Image:
 
 
 def _rgb_array(img: Image.Image, size: int) -> np.ndarray:
-    """RGB on [0, 1] (RGBA composited on white), resized to size x size (0: native size)."""
-    if img.mode == "RGBA":
-        bg = Image.new("RGB", img.size, (255, 255, 255))
-        bg.paste(img, mask=img.getchannel("A"))
-        img = bg
-    img = img.convert("RGB")
-    if size:
-        img = img.resize((size, size), Image.Resampling.BILINEAR)
-    return np.asarray(img, dtype=np.float32) / 255.0
+    return rgb_float(img, size)
 
 
 def similarity(a: Image.Image, b: Image.Image, metric: str = "ssim", size: int = 128) -> float:
@@ -340,22 +335,12 @@ def _size_agreement(a: tuple[int, int], b: tuple[int, int]) -> float:
     return min(aw / bw, bw / aw) * min(ah / bh, bh / ah)
 
 
-def exact_match(a: Image.Image, b: Image.Image, tolerance: float = 0.5 / 255) -> bool:
-    """Same size and a mean absolute difference of at most `tolerance` on [0, 1] (RGB, RGBA
-    composited on white): what a deterministic tool chain reproduces."""
-    if a.size != b.size:
-        return False
-    x = _rgb_array(a, 0)
-    y = _rgb_array(b, 0)
-    return float(np.abs(x - y).mean()) <= tolerance
-
-
 def _reference_similarity(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
     ref = _reference(ctx, check)
     metric, size = str(check.get("metric", "ssim")), int(check.get("size", 128))
     thr = float(check.get("threshold", 0.9))
     exact = bool(check.get("exact", False))
-    if exact and exact_match(final, ref, float(check.get("exact_tolerance", 0.5 / 255))):
+    if exact and images_match(final, ref, float(check.get("exact_tolerance", 0.5 / 255))):
         return CheckResult("reference_similarity", 1.0, "exact match", passed=True)
     sim = similarity(final, ref, metric, size)
     base = _baseline(ctx, check)
@@ -429,6 +414,18 @@ def _answer_contains(ctx: CheckContext, check: dict[str, Any], final: Image.Imag
             if want in _norm_text(t.observation or "", cs).replace(" ", ""):
                 return CheckResult("answer_contains", 1.0, f"{tool} answered {target!r} at turn {t.index}", passed=True)
     return CheckResult("answer_contains", 0.0, f"no successful {tool} call answered {target!r}")
+
+
+def _easel_reconstruction(ctx: CheckContext, check: dict[str, Any], final: Image.Image | None) -> CheckResult:
+    e = ctx.trajectory.meta.get("easel") or {}
+    if not isinstance(e.get("score"), (int, float)) or not isinstance(e.get("s_blank"), (int, float)):
+        raise CheckError("no EASEL outcome recorded (trajectory.meta['easel'] needs score and s_blank)")
+    s, s0 = float(e["score"]), float(e["s_blank"])
+    gain = calibrated(s, s0)
+    if gain is None:
+        return CheckResult("easel_reconstruction", None, "the blank canvas already matches the reference")
+    thr = float(check.get("threshold", 0.8))
+    return CheckResult("easel_reconstruction", gain, f"S {s:.3f} vs {s0:.3f} for the blank canvas", passed=gain >= thr)
 
 
 def _size_relation(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
@@ -533,6 +530,7 @@ EVALUATORS: dict[str, Callable[[CheckContext, dict[str, Any], Image.Image], Chec
     "reference_similarity": _reference_similarity,
     "ocr_contains": _ocr_contains,
     "answer_contains": _answer_contains,
+    "easel_reconstruction": _easel_reconstruction,
     "size_relation": _size_relation,
     "orientation": _orientation,
     "asset_kind": _asset_kind,
@@ -540,7 +538,7 @@ EVALUATORS: dict[str, Callable[[CheckContext, dict[str, Any], Image.Image], Chec
     "differs_from": _differs_from,
 }
 # Checks of what the trajectory answered rather than of its final image.
-_NO_IMAGE_NEEDED = frozenset({"answer_contains"})
+_NO_IMAGE_NEEDED = frozenset({"answer_contains", "easel_reconstruction"})
 
 
 def run_check(ctx: CheckContext, check: Any) -> CheckResult:

@@ -80,6 +80,15 @@ def is_reconstruction(task: Any) -> bool:
     return getattr(task, "reference", None) is not None
 
 
+def outcome_scores(task: Any, canvas: np.ndarray) -> dict[str, float]:
+    """`score` (S of `canvas`, or the semantic task's score) and, for reconstruction, `s_blank`
+    (S of the blank canvas): what the `easel_reconstruction` check calibrates against."""
+    out = {"score": float(task.score(canvas))}
+    if is_reconstruction(task):
+        out["s_blank"] = float(task.score(task.initial_canvas()))
+    return out
+
+
 def agent_task(task: Any, budget: int, task_id: str) -> Task:
     """The episode's Task: images and an instruction that states the budget and rules."""
     res = task.initial_canvas().shape[0]
@@ -91,12 +100,15 @@ def agent_task(task: Any, budget: int, task_id: str) -> Task:
         text = (f"img_1 is the reference image and img_2 the blank {res}x{res} canvas. "
                 f"{task.instruction} {rules}")
         kind = {"kind": "reconstruction", "category": task.category}
+        # Scored by what the strokes achieved over the blank canvas (meta["easel"] score, s_blank).
+        checks = [{"type": "easel_reconstruction", "threshold": 0.8}]
     else:
         images = [to_pil(task.initial_canvas())]
         text = (f"img_1 is the {res}x{res} canvas. {task.instruction} The brush appearance is fixed: "
                 "rs, os, re, oe, cr, cg, cb must be given but are ignored; choose the path. " + rules)
         kind = {"kind": "semantic", "name": task.name}
-    return Task(text, images, id=task_id, family="easel", meta={"easel": {**kind, "budget": budget}})
+        checks = []
+    return Task(text, images, id=task_id, family="easel", checks=checks, meta={"easel": {**kind, "budget": budget}})
 
 
 class CanvasTools:
@@ -297,7 +309,8 @@ def play(source: AgentPolicySource, easel_task: Any, cfg: AgentConfig, out_dir: 
     traj = run_episode(policy, task, NoToolbox(), EpisodeConfig(max_turns=budget + cfg.extra_turns, family="easel"),
                        stateful=CanvasTools(session).handlers(), on_turn=charge_refused(session))
     traj.meta["easel"] = {"steps_used": session.steps_used, "budget": budget,
-                          "strokes": session.strokes.round(6).tolist(), "s_curve": list(session.s_curve)}
+                          "strokes": session.strokes.round(6).tolist(), "s_curve": list(session.s_curve),
+                          **outcome_scores(easel_task, session.canvas)}
     tdir = None
     if out_dir is not None:
         tdir = str(Path(out_dir) / "trajectories" / tid)

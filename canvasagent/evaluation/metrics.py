@@ -64,10 +64,17 @@ class TaskResult:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
+def strictly_succeeded(scores: dict[str, float]) -> bool:
+    """Every verifiable check of the task passed its threshold (`align/passed`, from the
+    alignment judge), and alignment was measured, not a fallback."""
+    return scores.get("align/passed", 0.0) >= 0.5 and scores.get("align/fallback", 0.0) < 0.5
+
+
 def task_result(traj: Trajectory, scores: dict[str, float], success_threshold: float, seconds: float = 0.0) -> TaskResult:
-    """Summarise a scored trajectory. Success: the policy ended the episode itself and the
-    alignment judge measured the instruction as met (align >= threshold). A fallback alignment
-    (no verifiable check, judge unreachable) is not evidence of success."""
+    """Summarise a scored trajectory. Success is strict: the policy ended the episode itself and
+    every verifiable check of the task passed (`strictly_succeeded`). The mean alignment is
+    partial credit and is reported as such, never as success; `success_threshold` applies only
+    to scores that carry no per-check verdict (older results)."""
     calls = [
         ToolCallRecord(t.call.name, t.status == "ok", t.error_code, t.tool_s)
         for t in traj.turns
@@ -82,7 +89,8 @@ def task_result(traj: Trajectory, scores: dict[str, float], success_threshold: f
         n_turns=len(traj.turns),
         n_calls=len(traj.calls),
         valid_replies=sum(1 for t in traj.turns if not t.findings),
-        success=bool(traj.terminated and measured and not math.isnan(align) and align >= success_threshold),
+        success=bool(traj.terminated and measured and (
+            strictly_succeeded(scores) if "align/passed" in scores else not math.isnan(align) and align >= success_threshold)),
         align_measured=measured,
         error=traj.meta.get("error"),
         labels=dict(traj.task.labels),
@@ -143,6 +151,7 @@ class Summary:
     tools: dict[str, ToolStats]
     by_label: dict[str, dict[str, float]]  # "axis=value" -> mean overall
     n_errors: int
+    partial_credit: float = float("nan")  # mean share of verifiable checks passed
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -182,6 +191,7 @@ def summarize(results: list[TaskResult]) -> Summary:
         tools=dict(sorted(tools.items())),
         by_label={k: {"overall": _mean(v), "n": float(len(v))} for k, v in sorted(by_label.items())},
         n_errors=sum(1 for r in results if r.error),
+        partial_credit=_mean(r.scores.get("align/pass_rate", float("nan")) for r in results),
     )
 
 
@@ -189,8 +199,9 @@ def policy_metrics(results: list[TaskResult], match_threshold: float = 0.95) -> 
     """The training-side view of a split (pipeline, evidence benchmark): means of every per-task
     score (a key counts over the tasks that have it), `format_validity` = share of all assistant
     turns without a protocol finding (pooled, not a mean of per-task shares), `success` = share of
-    tasks whose final image matches (mean align >= match_threshold, whether or not the policy
-    ended the episode), `terminated` = share of episodes the policy ended, `calls_per_task` = tool
+    tasks whose episodes strictly succeeded (every verifiable check passed, mean over samples
+    >= 0.5; `match_threshold` on align for results without per-check verdicts, whether or not the
+    policy ended the episode), `partial` = mean share of checks passed, `terminated` = share of episodes the policy ended, `calls_per_task` = tool
     calls per episode."""
     keys = dict.fromkeys(k for r in results for k in r.scores)
     means = {k: sum(r.scores[k] for r in results if k in r.scores) / sum(k in r.scores for r in results) for k in keys}
@@ -199,7 +210,10 @@ def policy_metrics(results: list[TaskResult], match_threshold: float = 0.95) -> 
     return {
         **means,
         "format_validity": sum(r.valid_replies for r in results) / turns if turns else 0.0,
-        "success": sum(r.scores.get("align", 0.0) >= match_threshold for r in results) / max(1, len(results)),
+        "success": sum(
+            r.scores.get("align/passed", 0.0) >= 0.5 if "align/passed" in r.scores else r.scores.get("align", 0.0) >= match_threshold
+            for r in results) / max(1, len(results)),
+        "partial": sum(r.scores.get("align/pass_rate", 0.0) for r in results) / max(1, len(results)),
         "terminated": sum(r.terminated for r in results) / episodes if episodes else 0.0,
         "calls_per_task": sum(len(r.tool_calls) for r in results) / episodes if episodes else 0.0,
         "n_tasks": float(len(results)),

@@ -42,7 +42,8 @@ def render_markdown(summary: Summary, title: str, setting: str) -> str:
         "",
         metrics_table({setting: summary.metrics}),
         "",
-        f"- tasks: {summary.n_tasks}; success rate: {_fmt(summary.success_rate)}; "
+        f"- tasks: {summary.n_tasks}; success rate: {_fmt(summary.success_rate)} (every verifiable check passed); "
+        f"partial credit (share of checks passed): {_fmt(summary.partial_credit)}; "
         f"valid replies: {_fmt(summary.valid_reply_rate)}; episodes with errors: {summary.n_errors}",
         f"- alignment measured by a verifiable check or judge (not a fallback) on {_fmt(summary.align_measured_rate)} of tasks; "
         "success needs a measured alignment",

@@ -3,12 +3,21 @@
 - `terminate`: ends at once (the do-nothing baseline).
 - `expected`: calls the task's expected tools in order with generic arguments, then terminates
   (a chain-following baseline that needs no model).
-- `flip`: flips the newest image, then terminates (a one-step smoke test).
+- `oracle`: replays the task's reference solution (`task.meta["reference_calls"]`, written by
+  the scripted task maker and the CanvasCraft RL builder), then terminates; a task without one
+  is ended at once.
+- `oracle_wrong_param`: the oracle with one wrong parameter in its first call that has one: the
+  Rotate angle, else a bbox shifted by a quarter of the image, else (EASEL) the brush position
+  of every stroke a quarter canvas off, else the image asset (an earlier asset, or one that
+  does not exist).
+- `flip`, `rotate90`, `crop_center`: one fixed edit of the newest image whatever was asked, then
+  terminate (trivial policies a reward must score far below the oracle).
 - `garbage`: emits unparseable text forever (drills the runner's guards).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 from canvasagent.policies.replay import ScriptedPolicy
@@ -54,10 +63,13 @@ def _terminate(messages: list[dict[str, Any]], episode: Any) -> str:
     return format_reply("Nothing to do.", terminate=True)
 
 
-def _flip(messages: list[dict[str, Any]], episode: Any) -> str:
-    if not episode.trajectory.turns:
-        return format_reply("Mirror the image.", {"name": "Flip", "arguments": {"image": _newest(episode)}})
-    return format_reply("The image is mirrored.", terminate=True)
+def _one_edit(tool: str, extra: dict[str, Any], reason: str, done: str) -> ScriptFn:
+    def act(messages: list[dict[str, Any]], episode: Any) -> str:
+        if not episode.trajectory.turns:
+            return format_reply(reason, {"name": tool, "arguments": {"image": _newest(episode), **extra}})
+        return format_reply(done, terminate=True)
+
+    return act
 
 
 def _garbage(messages: list[dict[str, Any]], episode: Any) -> str:
@@ -78,13 +90,73 @@ def _expected(task: Task) -> ScriptFn:
     return act
 
 
-_STATELESS: dict[str, ScriptFn] = {"terminate": _terminate, "flip": _flip, "garbage": _garbage}
-SCRIPT_NAMES: tuple[str, ...] = (*_STATELESS, "expected")
+_ANGLES = (45, 90, 180)
+
+
+def wrong_param(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calls with one parameter made wrong (see `oracle_wrong_param`); the input is kept."""
+    out = [{"name": c["name"], "arguments": dict(c.get("arguments") or {})} for c in calls]
+    for c in out:
+        a = c["arguments"]
+        if "angle" in a:
+            a["angle"] = next(x for x in _ANGLES if str(x) != str(a["angle"]).strip())
+            return out
+    for c in out:
+        a = c["arguments"]
+        if "bbox" in a:
+            box = json.loads(a["bbox"]) if isinstance(a["bbox"], str) else list(a["bbox"])
+            x0, y0, x1, y1 = (float(v) for v in box)
+            dx = 250 if x1 + 250 <= 1000 else -250  # stays inside the image, a quarter off
+            a["bbox"] = [x0 + dx, y0, x1 + dx, y1]
+            return out
+    strokes = [c["arguments"] for c in out if c["name"] == "brush_stroke" and "xs" in c["arguments"]]
+    if strokes:  # a painting's position: every stroke a quarter of the canvas to the side
+        for a in strokes:
+            for k in ("xs", "xc", "xe"):
+                x = float(a[k])
+                a[k] = round(x + 0.25 if x + 0.25 <= 1.0 else x - 0.25, 5)
+        return out
+    for c in out:
+        a = c["arguments"]
+        for key in ("image", "base_image"):
+            if isinstance(a.get(key), str):
+                a[key] = "img_1" if a[key] != "img_1" else "img_9"
+                return out
+    return out
+
+
+def _replay_calls(calls: list[dict[str, Any]], label: str) -> ScriptFn:
+    def act(messages: list[dict[str, Any]], episode: Any) -> str:
+        step = len(episode.trajectory.turns)
+        if step >= len(calls):
+            why = "The reference solution is complete." if calls else "This task has no reference solution."
+            return format_reply(why, terminate=True)
+        c = calls[step]
+        return format_reply(f"{label} step {step + 1}: {c['name']}.", {"name": c["name"], "arguments": c.get("arguments") or {}})
+
+    return act
+
+
+_STATELESS: dict[str, ScriptFn] = {
+    "terminate": _terminate,
+    "flip": _one_edit("Flip", {}, "Mirror the image.", "The image is mirrored."),
+    "rotate90": _one_edit("Rotate", {"angle": 90}, "Rotate the image by 90 degrees.", "The image is rotated."),
+    "crop_center": _one_edit("Crop", {"bbox": [250, 250, 750, 750]}, "Crop the centre of the image.", "The image is cropped."),
+    "garbage": _garbage,
+}
+_PER_TASK = ("expected", "oracle", "oracle_wrong_param")
+SCRIPT_NAMES: tuple[str, ...] = (*_STATELESS, *_PER_TASK)
 
 
 def scripted_policy(name: str, task: Task | None = None) -> ScriptedPolicy:
     if name in _STATELESS:
         return ScriptedPolicy(_STATELESS[name], name=f"scripted:{name}")
+    task = task or Task("")
     if name == "expected":
-        return ScriptedPolicy(_expected(task or Task("")), name="scripted:expected")
+        return ScriptedPolicy(_expected(task), name="scripted:expected")
+    calls = list(task.meta.get("reference_calls") or [])
+    if name == "oracle":
+        return ScriptedPolicy(_replay_calls(calls, "Reference"), name="scripted:oracle")
+    if name == "oracle_wrong_param":
+        return ScriptedPolicy(_replay_calls(wrong_param(calls), "Reference (one wrong parameter)"), name="scripted:oracle_wrong_param")
     raise ValueError(f"unknown scripted policy {name!r}; known: {', '.join(SCRIPT_NAMES)}")

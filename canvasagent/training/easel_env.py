@@ -329,8 +329,11 @@ class EaselEnv(CanvasEnv):
             "strokes": len(sess.strokes), "s_curve": [float(v) for v in sess.s_curve],
         }
         if out["kind"] == "reconstruction":
+            from canvasagent.easel.agent import outcome_scores
+
             sim = sess.similarity()
-            out.update(score=sim.s, s=sim.s, ssim=sim.ssim, l1=sim.l1, edge_iou=sim.edge_iou)
+            out.update(score=sim.s, s=sim.s, ssim=sim.ssim, l1=sim.l1, edge_iou=sim.edge_iou,
+                       s_blank=outcome_scores(task, sess.canvas)["s_blank"])
         else:
             out["score"] = float(task.score(sess.canvas))
         return out

@@ -114,7 +114,8 @@ def make_task(rng: random.Random, index: int, max_steps: int = 2, image_size: in
         expected_tools=[s.tool for s in steps],
         # The offline alignment judge compares the final image with the reference solution's
         # (`attach_reference` executes it and stores the image in meta["reference_images"]).
-        checks=[{"type": "reference_similarity", "image_index": 0}],
+        # Pure tools are deterministic, so the target is exact.
+        checks=[{"type": "reference_similarity", "image_index": 0, "exact": True}],
         labels={"steps": str(n)},
         meta={"source": "scripted", "photo": photo, "reference_calls": calls},
     )

@@ -127,6 +127,11 @@ class TrajectoryView:
             for img in self.inputs:
                 _hash_image(h, img)
             h.update(json.dumps(self.trajectory.task.checks, sort_keys=True, default=str).encode())
+            # Checks may read what the tools answered (answer_contains) or the outcome an
+            # environment recorded (easel_reconstruction), not only the final image.
+            h.update(json.dumps([(t.call.name if t.call else None, t.status, t.observation) for t in self.trajectory.turns],
+                                default=str).encode("utf-8", "surrogatepass"))
+            h.update(json.dumps(self.trajectory.meta.get("easel"), sort_keys=True, default=str).encode())
         if aspect in ("alignment", "aesthetic"):
             _hash_image(h, self.final)
             # Plumbing-only provenance changes what the offline alignment judge may count.

@@ -1,6 +1,6 @@
 """Per-call overhead of the Ray handle and of HTTP over in-process, for Flip.
 
-    python benchmarks/toolserver.py [--sizes 512 1024] [--n 200] [--inflight 8]
+    python benchmarks/serve_overhead.py [--sizes 512 1024] [--n 200] [--inflight 8]
 
 Starts a local Ray with a pure-tools-only app (no model processes), then reports, per image
 size, the median latency in-process, through the handle (`RayToolbox`, images through /dev/shm,
@@ -38,7 +38,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
