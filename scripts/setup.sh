@@ -19,6 +19,8 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # torch first: the CPU wheel on local disk. Anything that pulls torch before this gets a multi-GB CUDA build.
-.venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e ".[dev,ui]"
+# constraints.txt pins every package to the versions the tests passed on, so a fresh machine does
+# not resolve to an untested release (pyproject.toml keeps the ranges for other installs).
+.venv/bin/pip install -q -c constraints.txt torch==2.13.0
+.venv/bin/pip install -q -c constraints.txt -e ".[dev,ui]"
 echo "setup done: $(.venv/bin/python -c 'import torch, transformers, trl; print("torch", torch.__version__, "transformers", transformers.__version__, "trl", trl.__version__)')"

@@ -150,3 +150,33 @@ def test_trajectory_load_refuses_asset_files_outside_its_folder(tmp_path, secret
     assert main(["reward", str(path)]) == 2
     assert main(["replay", str(path), "--out", str(tmp_path / "o")]) == 2
     assert "outside the allowed roots" in capsys.readouterr().err
+
+
+# -- the tested versions ---------------------------------------------------------------------------
+
+
+def test_constraints_pin_every_dependency_inside_its_range():
+    """setup.sh installs with constraints.txt: every dependency pyproject.toml names (extras too)
+    is pinned there to one version, and that version satisfies the declared range."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for line in (root / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    reqs = [Requirement(r) for r in project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]]
+    for req in reqs:
+        pinned = pins.get(canonicalize_name(req.name))
+        assert pinned is not None, f"{req.name} is not pinned in constraints.txt"
+        assert req.specifier.contains(pinned, prereleases=True), f"{req.name}=={pinned} is outside {req.specifier}"
+    assert next(r for r in reqs if r.name == "trl").specifier.contains("1.17.0") is False  # private TRL API: bounded
+    setup = (root / "scripts" / "setup.sh").read_text()
+    assert f"torch=={pins['torch']}" in setup and setup.count("-c constraints.txt") == 2
