@@ -88,3 +88,73 @@ def test_propose_then_approve_edit_or_reject(tmp_path):
     assert "rejected: no more crops" in v.log_md and v.asset_ids[-1] == "Crop_0"
     traj = st.session.trajectory
     assert [t.status for t in traj.turns] == ["ok", "ok", "error"] and traj.turns[-1].error_code == "user_rejected"
+
+
+def test_transcript_reads_like_a_conversation_and_follows_rollback(tmp_path):
+    ctl, img = _setup(tmp_path, [FLIP, CROP])
+    st = UIState()
+    ctl.start(st, [img], "mirror then crop", None)
+    ctl.step(st)
+    ctl.propose(st)
+    v = ctl.view(st)
+    roles = [m["role"] for m in v.transcript]
+    assert roles == ["user", "assistant", "assistant", "assistant"]  # task, call, observation, proposal
+    task, call, obs, proposal = v.transcript
+    assert "mirror then crop" in task["content"][0]["text"] and task["content"][1]["path"].endswith(".png")
+    assert "reason: mirror" in call["content"][0]["text"] and 'Flip {"image": "img_1"}' in call["content"][0]["text"]
+    assert "observation" in obs["content"][0]["text"] and "Flip_0" in obs["content"][0]["text"]
+    from PIL import Image as _I
+
+    assert _I.open(obs["content"][1]["path"]).size == (30, 20)  # the turn's output image
+    assert "Proposed (turn 2)" in proposal["content"][0]["text"] and "awaiting your decision" in proposal["content"][0]["text"]
+    v = ctl.execute(st, 'Rotate {"image": "Flip_0", "angle": 90}')
+    assert "you took over" in v.transcript[-2]["content"][0]["text"] and v.transcript[-2]["role"] == "user"
+    v = ctl.rollback(st, "img_1")
+    assert len(v.transcript) == 1  # back to the task alone
+
+
+def test_take_over_and_edit_typos_record_nothing(tmp_path):
+    ctl, img = _setup(tmp_path, [FLIP])
+    st = UIState()
+    ctl.start(st, [img], "x", "")
+    for bad in ('Flip {"image": "img_1"', 'Flip {"image": "img_7"}', "Nope {}"):
+        v = ctl.execute(st, bad)
+        assert v.status.startswith("error: that would not run") and st.session.trajectory.turns == []
+    ctl2, _ = _setup(tmp_path, [FLIP])
+    st2 = UIState()
+    ctl2.start(st2, [img], "x", None)
+    ctl2.propose(st2)
+    v = ctl2.approve(st2, '{"image": "img_3"}')
+    assert "would not run" in v.status and "img_3" in v.status and st2.pending is not None and st2.session.trajectory.turns == []
+    assert ctl2.approve(st2, '{"image": "img_1"}').asset_ids[-1] == "Flip_0"
+
+
+def test_offline_examples_run_with_the_offline_tools(tmp_path):
+    from canvasagent.ui.controller import EXAMPLES, example_files
+
+    ctl, _ = _setup(tmp_path, [])
+    for ex in EXAMPLES:
+        files = example_files(ex, tmp_path / "examples")
+        assert Image.open(files[0]).size[0] >= 256
+        st = UIState()
+        ctl.start(st, files, ex.instruction, ex.policy or "")
+        v = ctl.step(st) if ex.policy else ctl.execute(st, ex.command)
+        assert v.status.startswith(("running", "finished")) and len(v.asset_ids) == 2, (ex.label, v.status)
+
+
+def test_paint_controller_stroke_undo_submit(tmp_path):
+    from canvasagent.interactive.paint import EXAMPLE_STROKE
+    from canvasagent.ui.controller import PaintController, PaintState
+
+    pc = PaintController(tmp_path)
+    st = PaintState()
+    assert "Start painting" in pc.command(st, "undo").status
+    assert pc.start(st, "rocket", None, 2, 8).status.startswith("error")  # 8 px is refused
+    v = pc.start(st, "rocket", None, 2, 24)
+    assert "step 0/2" in v.status and v.curve is None and Image.open(v.reference).size == (24, 24)
+    v = pc.command(st, json.dumps(EXAMPLE_STROKE))
+    assert "step 1/2" in v.status and v.curve is not None and "brush_stroke" in v.log_md
+    assert pc.command(st, "{bad").status.startswith("error") and "step 1/2" in pc.view(st).status
+    v = pc.command(st, "undo")
+    assert "step 2/2" in v.status and "out of budget" in v.status
+    assert "finished" in pc.command(st, "submit").status
