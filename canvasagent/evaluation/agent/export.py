@@ -1,11 +1,14 @@
-"""Export an evaluation as step-level, history-conditioned SFT records (EA-CoT style).
+"""Export an evaluation as step-level, history-conditioned SFT records for the planner (EA-CoT style).
 
-Each planner decision becomes one record whose prompt holds the query and every earlier round
-(`<think>` reasoning, `<tool>` the sub-aspect probed, `<information>` the observation) and whose
-target is the next decision: `<think>…</think><tool>sub-aspect</tool>` while probing, or
-`<think>justification</think><summary>…</summary>` at the stop. Records are ShareGPT
-(`messages` with system/user/assistant and string contents, `images` empty), which the SFT
-command reads with `data.format: sharegpt`:
+One record per planner decision, each conditioned on the question and every earlier step:
+
+* the plan: `<think>reading of the question</think><plan>{property, conditions, axis, asked}</plan>`;
+* each round: `<think>why these probes</think><tool>{"probe": [...]}</tool>`, whose measured
+  result enters the later records' history as `<information>…</information>`;
+* the stop: `<think>why the evidence suffices</think><summary>answer, boundary, summary</summary>`.
+
+Records are ShareGPT (`messages` with system/user/assistant string contents, `images` empty),
+which the SFT command reads with `data.format: sharegpt`:
 
     python -m canvasagent.train sft --config sft_tiny_cpu --set data.format=sharegpt --set data.path=RUN/ea_cot.json
 
@@ -15,28 +18,34 @@ the user turn: a record stays self-describing whichever system text a trainer us
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from canvasagent.evaluation.agent.types import AgentResult, Round
 
 EA_SYSTEM = (
-    "You are an evaluation agent for visual generative models and tools. Given the user's question and "
-    "the history of evaluation rounds, either choose the next sub-aspect to probe as "
-    "<think>reasoning</think><tool>sub-aspect</tool>, or, when the evidence suffices, answer as "
-    "<think>why the evidence suffices</think><summary>evidence-grounded answer</summary>."
+    "You are an evaluation agent for image tools and policies. Given the user's question and the history "
+    "of evaluation rounds, first write the test plan as <think>reasoning</think><plan>JSON</plan>; then "
+    "choose each round's probes as <think>reasoning</think><tool>JSON</tool>; when the measured evidence "
+    "settles the question, answer as <think>why it suffices</think><summary>answer (yes/no/partly), "
+    "boundary and evidence</summary>."
 )
 
 
-def _history(rounds: list[Round]) -> str:
-    blocks = [
-        f"<think>{r.plan.thought}</think><tool>{r.plan.sub_aspect}</tool>\n<information>{r.observation}</information>"
-        for r in rounds
-    ]
+def _plan_json(result: AgentResult) -> str:
+    p = result.plan
+    return json.dumps({"target": p.target, "property": p.property, "conditions": p.conditions, "axis": p.axis,
+                       "asked": p.asked, "strata": p.strata}, ensure_ascii=False)
+
+
+def _history(result: AgentResult, rounds: list[Round], with_plan: bool) -> str:
+    blocks = [f"<think>{result.plan.thought}</think><plan>{_plan_json(result)}</plan>"] if with_plan else []
+    blocks += [f"<think>{r.thought}</think><tool>{json.dumps(r.action, ensure_ascii=False)}</tool>\n<information>{r.observation}</information>" for r in rounds]
     return "\n".join(blocks)
 
 
-def _record(question: str, target: str, history: list[Round], answer: str, meta: dict[str, Any]) -> dict[str, Any]:
-    user = f"Question: {question}\nTarget: {target}\nHistory ({len(history)} rounds):\n{_history(history) or '(none)'}"
+def _record(result: AgentResult, history: str, n: int, answer: str, meta: dict[str, Any]) -> dict[str, Any]:
+    user = f"Question: {result.question}\nTarget: {result.target}\nHistory ({n} steps):\n{history or '(none)'}"
     return {
         "messages": [
             {"role": "system", "content": EA_SYSTEM},
@@ -49,11 +58,13 @@ def _record(question: str, target: str, history: list[Round], answer: str, meta:
 
 
 def ea_cot_records(result: AgentResult) -> list[dict[str, Any]]:
-    out = []
+    out = [_record(result, "", 0, f"<think>{result.plan.thought}</think><plan>{_plan_json(result)}</plan>",
+                   {"kind": "plan", "step": 0, "source": result.plan.source})]
     for i, r in enumerate(result.rounds):
-        answer = f"<think>{r.plan.thought}</think><tool>{r.plan.sub_aspect}</tool>"
-        out.append(_record(result.question, result.target, result.rounds[:i], answer, {"kind": "decision", "step": i, "source": r.plan.source}))
-    stop = result.stop
-    answer = f"<think>{stop.thought} {stop.justification}".rstrip() + f"</think><summary>{result.summary}</summary>"
-    out.append(_record(result.question, result.target, result.rounds, answer, {"kind": "summary", "step": len(result.rounds), "source": stop.source}))
+        answer = f"<think>{r.thought}</think><tool>{json.dumps(r.action, ensure_ascii=False)}</tool>"
+        out.append(_record(result, _history(result, result.rounds[:i], True), i + 1, answer, {"kind": "probe", "step": i + 1, "source": r.source}))
+    verdict = f"Answer: {result.answer}" + (f"; boundary: {result.boundary}" if result.boundary else "")
+    answer = f"<think>{result.stop}</think><summary>{verdict}\n{result.summary}</summary>"
+    out.append(_record(result, _history(result, result.rounds, True), len(result.rounds) + 1, answer,
+                       {"kind": "summary", "step": len(result.rounds) + 1, "source": result.planner, "answer": result.answer}))
     return out

@@ -1,148 +1,110 @@
-"""Planners: decide the next sub-aspect or stop (with a justification), and write the summary.
+"""Planners: read the question into a `Plan`, choose each round's probes, write the summary.
 
-`OfflinePlanner` is deterministic over a fixed aspect list: relevant aspects first (keyword
-overlap with the question), stopping when the target produces nothing, when two rounds agree
-within `stability_eps`, when the relevant aspects are covered, or at the round budget.
-`OpenAIPlanner` asks an OpenAI-compatible chat model for the same JSON decisions; whenever its
-reply is unusable it falls back to the offline planner for that step, and records that it did.
+`OfflinePlanner` parses the question against the registry's vocabulary (`vocab.py`) and follows
+the search (`search.py`): the ends of the asked range, then bisection at the boundary.
+
+`LLMPlanner` asks an OpenAI-compatible chat model (through `canvasagent.llm_client`) for the
+plan and for each round's axis values, as JSON. Its replies are checked against the same
+vocabulary and axis limits; a reply that does not check out is replaced by the offline
+planner's choice for that step and the fallback is recorded (`source`). It cannot stop early:
+a stop is honoured only when the measured evidence is settled. The answer and boundary always
+come from the measurements; the model's summary prose is followed by the measured summary.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from canvasagent.evaluation.agent.evidence import key_score, verdict
-from canvasagent.evaluation.agent.types import Aspect, PlanStep, Round
+from canvasagent.evaluation.agent.probes import SUITES
+from canvasagent.evaluation.agent.search import Decision
+from canvasagent.evaluation.agent.types import Plan, Round
+from canvasagent.evaluation.agent.vocab import PROPERTY_TOOL, parse_question, vocabulary
 
 log = logging.getLogger(__name__)
-
-_WORD = re.compile(r"[a-z]+")
-
-
-@dataclass
-class PlannerConfig:
-    max_rounds: int = 4
-    min_rounds: int = 2
-    stability_eps: float = 0.05
 
 
 class Planner(Protocol):
     name: str
 
-    def propose(self, question: str, target: str, history: list[Round]) -> PlanStep: ...
+    def plan(self, question: str, target: str) -> Plan: ...
 
-    def summarize(self, question: str, target: str, history: list[Round], stop: PlanStep) -> str: ...
+    def next(self, plan: Plan, history: list[Round], decision: Decision) -> tuple[str, list[dict[str, Any]], str]: ...
 
-
-def _fmt(x: float | None) -> str:
-    return "–" if x is None else f"{x:.2f}"
+    def summarize(self, question: str, plan: Plan, history: list[Round], answer: str, boundary: str | None, stop: str, table: list[dict[str, Any]]) -> str: ...
 
 
-def compatible(aspect: Aspect, target_tool: str | None) -> bool:
-    if not aspect.targets:
-        return True
-    return (target_tool or "policy") in aspect.targets
+def _fmt_setting(row: dict[str, Any]) -> str:
+    name = f"{row['value']:g}" if "value" in row else row["setting"]
+    return f"{name}: {row['passed']}/{row['n']} passed ({row['status']})"
 
 
-def rank_aspects(question: str, aspects: list[Aspect], target_tool: str | None) -> list[Aspect]:
-    """The aspects the question is about (keyword overlap), most relevant first; every aspect
-    that applies to the target, in file order, when the question names none of them."""
-    words = set(_WORD.findall(question.lower()))
-    usable = [a for a in aspects if compatible(a, target_tool)]
-    scored = [(-len(words & {k.lower() for k in a.keywords}), i, a) for i, a in enumerate(usable)]
-    relevant = [t for t in scored if t[0] < 0]
-    return [a for _, _, a in sorted(relevant or scored, key=lambda t: (t[0], t[1]))]
+def observation_text(rnd: Round) -> str:
+    """The evidence of one round as the text a planner reads."""
+    lines = []
+    for e in rnd.evidence:
+        where = f"{e.value:g}" if e.value is not None else ", ".join(f"{k}={v}" for k, v in e.conditions.items() if k in ("angle", "bg", "direction", "scale", "position", "scene"))
+        metrics = ", ".join(f"{k} {v:g}" for k, v in e.metrics.items())
+        read = f", read {e.truth['read']!r} for {e.truth['word']!r}" if "read" in e.truth else ""
+        err = f" — error: {e.error}" if e.error else ""
+        lines.append(f"{e.probe_id} [{where}]: {'PASS' if e.passed else 'FAIL'} ({metrics}{read}){err}")
+    return "\n".join(lines)
 
 
-def evidence_summary(question: str, target: str, history: list[Round], stop: PlanStep) -> str:
-    """A summary that only states what the rounds measured, each claim citing its round."""
-    n_samples = sum(len(r.samples) for r in history)
-    lines = [f"Question: {question}", f"Target: {target}. Evidence: {len(history)} round(s), {n_samples} sample(s).", ""]
-    scored = []
-    for r in history:
-        s = key_score(r.stats)
-        scored.append((s, r))
-        what = "alignment" if "align" in r.stats else "overall reward"
-        lines.append(f"- Round {r.index + 1}, {r.plan.sub_aspect}: {what} {_fmt(s)} over {int(r.stats['n'])} sample(s), "
-                     f"{int(r.stats['n_ok'])} with an output → {verdict(s)}.")
-    valid = [(s, r) for s, r in scored if s is not None]
-    if valid:
-        best = max(valid, key=lambda t: t[0])
-        worst = min(valid, key=lambda t: t[0])
-        overall = sum(s for s, _ in valid) / len(valid)
-        text = f"Verdict: {verdict(overall)} overall (mean {overall:.2f} across {len(valid)} round(s))."
-        if len(valid) > 1:
-            text += (f" Strongest: {best[1].plan.sub_aspect} ({best[0]:.2f}, round {best[1].index + 1}); "
-                     f"weakest: {worst[1].plan.sub_aspect} ({worst[0]:.2f}, round {worst[1].index + 1}).")
-        lines += ["", text]
-    else:
-        lines += ["", "Verdict: no evidence could be collected."]
-    lines.append(f"Why the evaluation stopped: {stop.justification}")
+def measured_summary(question: str, plan: Plan, history: list[Round], answer: str, boundary: str | None, stop: str, table: list[dict[str, Any]]) -> str:
+    n = sum(len(r.evidence) for r in history)
+    head = f"Answer: {answer.upper() if answer in ('yes', 'no', 'partly') else answer}"
+    if boundary:
+        head += f" — {plan.target} {boundary}."
+    lines = [head, "", f"Question: {question}", f"Target: {plan.target} ({plan.target_kind}); property: {plan.property}"
+             + (f"; conditions: {plan.conditions}" if plan.conditions else "")
+             + (f"; searched along {plan.axis}" + (f" over {plan.asked}" if plan.asked else " (whole axis)") if plan.axis else ""),
+             f"Evidence: {n} probe(s) in {len(history)} round(s), each measured against its ground truth.", ""]
+    if table:
+        lines.append("Per " + ("value of " + plan.axis if plan.axis else "setting") + ":")
+        lines += [f"- {_fmt_setting(r)}" for r in table]
+    lines += ["", f"Why the evaluation stopped: {stop}"]
     return "\n".join(lines)
 
 
 class OfflinePlanner:
     name = "offline"
 
-    def __init__(self, aspects: list[Aspect], config: PlannerConfig | None = None, target_tool: str | None = None):
-        self.aspects = aspects
-        self.config = config or PlannerConfig()
-        self.target_tool = target_tool
+    def __init__(self, cfg: dict[str, Any]):
+        self.cfg = cfg
 
-    def propose(self, question: str, target: str, history: list[Round]) -> PlanStep:
-        cfg = self.config
-        ranked = rank_aspects(question, self.aspects, self.target_tool)
-        done = {r.plan.sub_aspect for r in history}
-        if history:
-            last = history[-1]
-            if last.stats.get("n_ok", 0) == 0:
-                errs = "; ".join(sorted({s.error for s in last.samples if s.error}))[:300]
-                return PlanStep(f"Round {last.index + 1} produced no output.", stop=True,
-                                justification=f"the target produced no output for any of the {int(last.stats['n'])} probes of round {last.index + 1} ({errs or 'no error given'}); further probes cannot add evidence",
-                                source=self.name)
-            if len(history) >= cfg.max_rounds:
-                return PlanStep("The round budget is spent.", stop=True,
-                                justification=f"the budget of {cfg.max_rounds} rounds is reached; the {len(history)} rounds above are the evidence",
-                                source=self.name)
-            if len(history) >= cfg.min_rounds:
-                a, b = key_score(history[-2].stats), key_score(last.stats)
-                if a is not None and b is not None and abs(a - b) < cfg.stability_eps:
-                    return PlanStep("The last two rounds agree.", stop=True,
-                                    justification=f"rounds {last.index} and {last.index + 1} scored {a:.2f} and {b:.2f} (within {cfg.stability_eps:.2f}), so another sub-aspect is unlikely to change the verdict",
-                                    source=self.name)
-        todo = [a for a in ranked if a.name not in done]
-        if not todo:
-            return PlanStep("Every relevant sub-aspect has been probed.", stop=True,
-                            justification=f"all {len(ranked)} sub-aspect(s) of the question that apply to {target} were probed",
-                            source=self.name)
-        nxt = todo[0]
-        if history:
-            last = history[-1]
-            s = key_score(last.stats)
-            thought = (f"Round {last.index + 1} ({last.plan.sub_aspect}) scored {_fmt(s)} ({verdict(s)}). "
-                       f"Next, probe '{nxt.name}': {nxt.description}")
+    def plan(self, question: str, target: str) -> Plan:
+        return parse_question(question, target, self.cfg)
+
+    def next(self, plan: Plan, history: list[Round], decision: Decision) -> tuple[str, list[dict[str, Any]], str]:
+        if plan.axis:
+            vals = ", ".join(f"{p['value']:g}" for p in decision.next)
+            thought = (f"{decision.why.capitalize()}: probe {plan.axis} = {vals}." if history else
+                       f"Probe the ends of the asked range first ({plan.axis} = {vals}); together they decide yes / no / partly.")
         else:
-            thought = f"Start with the sub-aspect closest to the question: '{nxt.name}': {nxt.description}"
-        return PlanStep(thought, sub_aspect=nxt.name, source=self.name)
+            thought = (f"{decision.why.capitalize()}; probe more varied inputs." if history else
+                       "Probe varied inputs (natural and asymmetric scenes, several sizes) for each setting.")
+        return thought, decision.next, self.name
 
-    def summarize(self, question: str, target: str, history: list[Round], stop: PlanStep) -> str:
-        return evidence_summary(question, target, history, stop)
+    def summarize(self, question, plan, history, answer, boundary, stop, table) -> str:
+        return measured_summary(question, plan, history, answer, boundary, stop, table)
 
 
-PLANNER_SYSTEM = (
-    "You are the Plan Agent of an evaluation agent for visual generative models and tools. "
-    "Given a user's evaluation question and the evidence so far, choose ONE next sub-aspect to probe, "
-    "or stop when the evidence is sufficient to answer. Answer with one JSON object only: "
-    '{"thought": "...", "sub_aspect": "..."} to continue, or '
-    '{"thought": "...", "stop": true, "justification": "why the evidence suffices, citing rounds"} to stop.'
+PLAN_SYSTEM = (
+    "You are the Plan Agent of an evaluation agent for image tools and policies. Read the user's question "
+    "and return the test plan as ONE JSON object: {\"thought\": \"...\", \"property\": P, \"conditions\": {...}, "
+    "\"axis\": A or null, \"asked\": [lo, hi] or null}. Use only the vocabulary given (properties, condition "
+    "names, axes). `asked` is the range of the axis the question is about; null means the whole axis."
+)
+NEXT_SYSTEM = (
+    "You are the Plan Agent of an evaluation agent. Given the plan and the measured evidence, choose the next "
+    "axis values to probe (at most two, near the boundary) as JSON {\"thought\": \"...\", \"values\": [v, ...]}, "
+    "or {\"thought\": \"...\", \"stop\": true} when the evidence settles the question."
 )
 SUMMARY_SYSTEM = (
-    "You are the Plan Agent of an evaluation agent. Write the final answer to the user's question. "
-    "Every claim must cite the round and the measured numbers it rests on; say what was not measured."
+    "You are the Plan Agent of an evaluation agent. Write the answer to the user's question for a person. "
+    "Every claim must cite the measured numbers given; do not change the answer or the boundary."
 )
 
 
@@ -157,55 +119,129 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def history_text(history: list[Round]) -> str:
-    return "\n\n".join(f"[sub-aspect] {r.plan.sub_aspect}\n[observation]\n{r.observation}" for r in history) or "(no rounds yet)"
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
 
 
-class OpenAIPlanner:
-    """An OpenAI-compatible chat model as the planner, with the offline planner as its fallback."""
+def _colour(v: Any) -> list[int] | None:
+    if isinstance(v, list) and len(v) == 3 and all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= 255 for c in v):
+        return list(v)
+    return None
+
+
+_CONDITION_CHECK = {
+    "text_height": lambda v: _num(v) is not None and 1 <= v <= 256,
+    "rotation": lambda v: _num(v) is not None and -360 <= v <= 360,
+    "contrast": lambda v: _num(v) is not None and 0 <= v <= 255,
+    "fg": lambda v: _colour(v) is not None,
+    "bg": lambda v: _colour(v) is not None,
+    "scale": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 16,
+    "direction": lambda v: v in ("horizontal", "vertical", "clockwise", "counter-clockwise"),
+    "angle": lambda v: v in (45, 90, 180),
+    "position": lambda v: isinstance(v, list) and len(v) == 2 and all(_num(c) is not None and 0 <= c <= 1000 for c in v),
+}
+
+
+def check_llm_plan(obj: dict[str, Any], offline: Plan) -> tuple[Plan | None, str]:
+    """The model's plan if every field checks out against the vocabulary, else (None, why)."""
+    prop = obj.get("property")
+    if prop not in SUITES:
+        return None, f"unknown property {str(prop)[:40]!r}"
+    tool = PROPERTY_TOOL[prop]
+    if offline.target_kind != "policy" and tool != offline.target and not (offline.target == "Rotate" and prop.startswith("rotation")):
+        return None, f"property {prop!r} does not test {offline.target}"
+    conds = obj.get("conditions") or {}
+    if not isinstance(conds, dict):
+        return None, "conditions is not an object"
+    for k, v in conds.items():
+        check = _CONDITION_CHECK.get(k)
+        if check is None or not check(v):
+            return None, f"condition {str(k)[:30]}={str(v)[:30]} is not in the vocabulary"
+    axis = obj.get("axis")
+    axes = SUITES[prop].axes
+    if axis is not None and axis not in axes:
+        return None, f"axis {str(axis)[:30]!r} is not an axis of {prop}"
+    asked = obj.get("asked")
+    if asked is not None:
+        if axis is None or not (isinstance(asked, list) and len(asked) == 2 and all(_num(a) is not None for a in asked)):
+            return None, "asked must be [lo, hi] on the axis"
+        asked = sorted(axes[axis].clip(a) for a in asked)
+    if axes and axis is None:
+        return None, f"{prop} is searched along an axis ({', '.join(axes)})"
+    plan = Plan(offline.target, offline.target_kind, tool if offline.target_kind == "policy" else offline.tool, prop,
+                dict(conds), axis, asked, [], dict(offline.settings), str(obj.get("thought", "")).strip() or offline.thought, "openai")
+    if prop.startswith("rotation") and "angle" not in conds:
+        plan.strata = [{"angle": a} for a in (45, 90, 180)]
+    if prop == offline.property:
+        plan.strata = plan.strata or list(offline.strata)
+    return plan, ""
+
+
+class LLMPlanner:
+    """An OpenAI-compatible chat model as the planner, checked by and falling back to `fallback`."""
 
     name = "openai"
 
-    def __init__(self, client: Any, fallback: OfflinePlanner, config: PlannerConfig | None = None):
-        self.client = client  # canvasagent.policies.openai_compat.OpenAICompatPolicy (its .complete)
+    def __init__(self, client: Any, fallback: OfflinePlanner):
+        self.client = client  # canvasagent.llm_client.ChatClient
         self.fallback = fallback
-        self.config = config or fallback.config
 
-    def _ask(self, system: str, user: str) -> str:
-        return self.client.complete([{"role": "system", "content": system}, {"role": "user", "content": user}])
-
-    def propose(self, question: str, target: str, history: list[Round]) -> PlanStep:
-        if len(history) >= self.config.max_rounds:  # the budget binds whatever the model says
-            return self.fallback.propose(question, target, history)
-        menu = "\n".join(f"- {a.name}: {a.description}" for a in rank_aspects(question, self.fallback.aspects, self.fallback.target_tool))
-        user = (f"Question: {question}\nTarget: {target}\nRounds left: {self.config.max_rounds - len(history)}\n"
-                f"Suggested sub-aspects (you may propose others):\n{menu}\n\nEvidence so far:\n{history_text(history)}")
+    def _ask(self, system: str, user: str) -> tuple[dict[str, Any] | None, str, str]:
         try:
-            obj = parse_json_object(self._ask(PLANNER_SYSTEM, user))
+            text = self.client.complete([{"role": "system", "content": system}, {"role": "user", "content": user}])
         except Exception as e:
-            obj, why = None, f"planner endpoint failed: {e}"
-        else:
-            why = "planner reply was not the JSON decision"
+            return None, "", f"planner endpoint failed: {str(e)[:160]}"
+        obj = parse_json_object(text)
+        return obj, text, "" if obj is not None else "planner reply was not a JSON object"
+
+    def plan(self, question: str, target: str) -> Plan:
+        offline = self.fallback.plan(question, target)
+        if offline.unsupported and offline.property is None and offline.target_kind != "policy":
+            return offline
+        user = f"Question: {question}\nTarget: {target}\nVocabulary: {json.dumps(vocabulary())}"
+        obj, _, why = self._ask(PLAN_SYSTEM, user)
         if obj is not None:
-            thought = str(obj.get("thought", "")).strip()
-            if obj.get("stop") is True and str(obj.get("justification", "")).strip() and history:
-                return PlanStep(thought, stop=True, justification=str(obj["justification"]).strip(), source=self.name)
-            aspect = str(obj.get("sub_aspect", "")).strip()
-            if aspect and not obj.get("stop"):
-                return PlanStep(thought, sub_aspect=aspect, source=self.name)
-            why = "planner stopped without evidence or justification" if obj.get("stop") else "planner named no sub-aspect"
-        log.warning("%s; using the offline planner for this step", why)
-        step = self.fallback.propose(question, target, history)
-        step.source = f"offline-fallback ({why[:120]})"
-        return step
+            plan, why = check_llm_plan(obj, offline)
+            if plan is not None:
+                return plan
+        log.warning("%s; using the offline plan", why)
+        offline.source = f"offline-fallback ({why[:120]})"
+        return offline
 
-    def summarize(self, question: str, target: str, history: list[Round], stop: PlanStep) -> str:
-        evidence = evidence_summary(question, target, history, stop)
-        user = f"Question: {question}\nTarget: {target}\n\nEvidence:\n{history_text(history)}\n\nMeasured summary:\n{evidence}"
+    def next(self, plan: Plan, history: list[Round], decision: Decision) -> tuple[str, list[dict[str, Any]], str]:
+        thought, nxt, _ = self.fallback.next(plan, history, decision)
+        if not plan.axis:  # set questions: the probes are fixed by the settings; the model is not asked
+            return thought, nxt, self.fallback.name
+        table = json.dumps(decision.table)
+        user = (f"Plan: {json.dumps(plan.to_dict())}\nMeasured so far (per {plan.axis} value): {table}\n"
+                f"Answer so far: {decision.answer}; the search suggests {nxt}.")
+        obj, _, why = self._ask(NEXT_SYSTEM, user)
+        if obj is not None:
+            mthought = str(obj.get("thought", "")).strip()
+            if obj.get("stop") is True:
+                why = "planner stopped before the evidence was settled"
+            else:
+                axis = SUITES[plan.property or ""].axes[plan.axis]
+                probed = {r["value"] for r in decision.table}
+                vals = obj.get("values")
+                ok = isinstance(vals, list) and 0 < len(vals) <= 2 and all(_num(v) is not None for v in vals)
+                if ok:
+                    chosen = [axis.clip(v) for v in vals]
+                    if all(c not in probed for c in chosen) and len(set(chosen)) == len(chosen):
+                        return mthought or thought, [{"value": c} for c in chosen], self.name
+                    why = "planner chose values already probed"
+                else:
+                    why = "planner gave no usable values"
+        log.warning("%s; using the search's choice for this round", why)
+        return thought, nxt, f"offline-fallback ({why[:120]})"
+
+    def summarize(self, question, plan, history, answer, boundary, stop, table) -> str:
+        measured = measured_summary(question, plan, history, answer, boundary, stop, table)
         try:
-            text = self._ask(SUMMARY_SYSTEM, user).strip()
+            text = self.client.complete([{"role": "system", "content": SUMMARY_SYSTEM}, {"role": "user", "content": measured}]).strip()
         except Exception as e:
-            log.warning("summary from the planner endpoint failed (%s); using the evidence summary", e)
-            return evidence
-        # The model's prose, followed by the measured table it must agree with.
-        return (text + "\n\n---\n" + evidence) if text else evidence
+            log.warning("summary from the planner endpoint failed (%s); using the measured summary", e)
+            return measured
+        return (text + "\n\n---\n" + measured) if text else measured

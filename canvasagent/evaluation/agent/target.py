@@ -1,34 +1,43 @@
-"""What the evaluation agent evaluates: one tool (e.g. ImageGeneration) or a whole policy.
+"""What is evaluated: one registry tool, a generation backend, or a policy spec, run on probes.
 
-Either way a probe becomes a core episode: a tool target is driven by a one-call script (the
-probe's prompt fills the tool's text arguments), a policy target gets the probe as its task. The
-episode's trajectory is then scored by the hybrid reward, whose judges run the probe's checks, so
-the agent's evidence comes from the same tools and judges as training and evaluation.
+A tool (or a generation backend) is called once per probe through the episode runner, with the
+probe's input as `img_1` and the probe's arguments, so the call goes through the same
+validation and toolbox as training and evaluation. A policy gets the probe as a task (its
+instruction, input images and expected tools) and runs its own episode; its last produced
+image is the output. One toolbox serves a whole evaluation, so model backends load once.
+
+`unavailable(plan)` says, before any probe, why a target cannot be evaluated with this tools
+config (a model tool with no backend, a measurement that needs OCR when OCR has none); at run
+time a `backend_not_configured` error or a random-weight (plumbing-only) result says the same.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from canvasagent.config import make_toolbox
+from PIL import Image
+
+from canvasagent.config import ToolsConfig, make_toolbox
 from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.evaluation.agent.types import Probe, Sample
+from canvasagent.evaluation.agent.probes import SUITES, Case, Output
+from canvasagent.evaluation.agent.types import Plan
 from canvasagent.policies.replay import ScriptedPolicy
-from canvasagent.policies.scripted import generic_arguments
 from canvasagent.protocol import format_reply
 from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
-from toolserver.registry import REGISTRY, ArgType
+from toolserver.registry import REGISTRY, ArgType, Backend
+from toolserver.request import ToolRequest
 
 log = logging.getLogger(__name__)
 
-Scorer = Callable[[Trajectory], dict[str, float]]
+NOT_CONFIGURED = "backend_not_configured"
 
 
 class Target:
-    def __init__(self, spec: str, tools_config: str = "offline", max_turns: int = 8):
+    """`spec` is a registry tool name or a policy spec (`scripted:expected`, `openai:…`, `hf:…`)."""
+
+    def __init__(self, spec: str, tools_config: str = "offline", max_turns: int = 6):
         self.spec = spec
         self.tools_config = tools_config
         self.max_turns = max_turns
@@ -38,65 +47,78 @@ class Target:
             from canvasagent.policies.spec import PolicyFactory
 
             self._factory = PolicyFactory(spec)  # raises PolicySpecError for a bad spec
-        self.kind = "tool" if self.tool else "policy"
+        self.kind = "policy" if self.tool is None else "tool"
+        self._cfg = ToolsConfig.load(tools_config)
+        self._toolbox: Any = None
 
-    def _tool_policy(self, probe: Probe) -> ScriptedPolicy:
-        tool = self.tool
-        assert tool is not None
+    @property
+    def toolbox(self) -> Any:
+        if self._toolbox is None:
+            self._toolbox = make_toolbox(self._cfg)
+        return self._toolbox
 
+    def _configured(self, tool: str) -> bool | None:
+        """True/False for an in-process toolbox; None when only a call can tell (remote)."""
+        if REGISTRY[tool].backend is not Backend.MODEL:
+            return True
+        if self._cfg.client != "local":
+            return None
+        b = self._cfg.backends.get(tool)
+        return b is not None and b.name not in (None, "", "none")
+
+    def unavailable(self, plan: Plan) -> str | None:
+        if plan.property is None:
+            return None
+        if self.tool is not None and self._configured(self.tool) is False:
+            what = "generation backend" if plan.target_kind == "generator" else "model backend"
+            return f"{self.tool} needs a {what} and tools config '{self.tools_config}' configures none (set backends.{self.tool})"
+        if SUITES[plan.property].needs_ocr and self._configured("OCR") is False:
+            return f"measuring {plan.property} reads the output with OCR, and tools config '{self.tools_config}' has no OCR backend"
+        return None
+
+    def ocr(self, image: Image.Image) -> tuple[list[str], list[list[int]]]:
+        """OCR lines and pixel boxes of an image (the measurement of text suites)."""
+        r = self.toolbox.call(ToolRequest("OCR", {}, {"image": image}, {}, self.toolbox.profile))
+        if not r.ok:
+            raise RuntimeError(f"OCR failed while measuring: {r.text}")
+        return list(r.data.get("lines") or []), [list(b) for b in r.data.get("boxes") or []]
+
+    def _tool_policy(self, tool: str, case: Case) -> ScriptedPolicy:
         def act(messages: list[dict[str, Any]], episode: Any) -> str:
             if episode.trajectory.turns:
-                return format_reply("The sample is produced.", terminate=True)
-            args = generic_arguments(tool, episode, probe.prompt)
-            for a in REGISTRY[tool].args:  # the probe's prompt is the text a generator is asked for
-                if a.type is ArgType.TEXT:
-                    args[a.name] = probe.prompt
-            args.update(probe.args.get(tool, {}))
-            return format_reply(f"Sample {tool} for the probe.", {"name": tool, "arguments": args})
+                return format_reply("Done.", terminate=True)
+            args: dict[str, Any] = {}
+            for a in REGISTRY[tool].args:
+                if a.type is ArgType.ASSET and a.required:
+                    args[a.name] = "img_1"
+            args.update(case.args)
+            return format_reply(f"Call {tool} on the probe.", {"name": tool, "arguments": args})
 
         return ScriptedPolicy(act, name=f"tool:{tool}")
 
-    def task(self, probe: Probe, task_id: str) -> Task:
-        return Task(
-            probe.prompt,
-            probe.input_images(),
-            id=task_id,
-            expected_tools=[self.tool] if self.tool else [],
-            checks=list(probe.checks),
-        )
-
-    def sample(self, probe: Probe, task_id: str, scorer: Scorer, out_dir: Path | None = None) -> Sample:
-        task = self.task(probe, task_id)
-        policy = self._tool_policy(probe) if self.tool else self._factory.for_task(task)
-        toolbox = make_toolbox(self.tools_config)
-        try:
-            traj = run_episode(policy, task, toolbox, EpisodeConfig(max_turns=self.max_turns))
-        finally:
-            toolbox.close()
-        output = None
+    def run(self, case: Case, probe_id: str, out_dir: Path | None = None) -> Output:
+        task = Task(case.instruction or f"Probe {probe_id}", list(case.images), id=probe_id, expected_tools=list(case.expected_tools))
+        policy = self._tool_policy(self.tool, case) if self.tool else self._factory.for_task(task)
+        traj = run_episode(policy, task, self.toolbox, EpisodeConfig(max_turns=self.max_turns))
         if out_dir is not None:
-            traj.save(out_dir / task_id)
-            final = traj.final_asset()
-            if final is not None:
-                output = f"{task_id}/assets/{final.id}.png"
-        errors = [t.error for t in traj.turns if t.error]
-        error = traj.meta.get("error") or (errors[-1] if errors and traj.final_asset() is None else None)
-        try:
-            scores = scorer(traj)
-        except Exception as e:  # a judge failure is evidence too: recorded, not fatal
-            log.warning("scoring sample %s failed: %s", task_id, e)
-            scores, error = {}, error or f"scoring failed: {e}"
-        checks = {k.split("/", 2)[2]: v for k, v in scores.items() if k.startswith("align/check/")}
-        return Sample(
-            prompt=probe.prompt,
-            ok=traj.final_asset() is not None,
-            scores={k: scores[k] for k in ("overall", "align", "aes", "traj", "rule") if k in scores},
-            checks=checks,
-            align_measured=scores.get("align/fallback", 1.0) < 0.5,
-            error=error,
-            output=output,
-        )
+            traj.save(out_dir / probe_id)
+        turns = [t for t in traj.turns if t.call is not None]
+        final = traj.final_asset()
+        out = Output(image=final.image if final is not None else None, plumbing_only=traj.plumbing_only)
+        if turns:
+            last = turns[-1]
+            out.text, out.data = last.tool_text, dict(last.result_data)
+            errs = [t for t in turns if t.error]
+            if errs and (final is None and last.error):
+                out.error, out.error_code = errs[-1].error, errs[-1].error_code
+        elif traj.meta.get("error"):
+            out.error = str(traj.meta["error"])
+        if out.image is None and out.error is None and self.tool is None:
+            out.error = f"the policy produced no image (stop: {traj.stop_reason}, {len(turns)} tool call(s))"
+        return out
 
     def close(self) -> None:
+        if self._toolbox is not None:
+            self._toolbox.close()
         if self._factory is not None:
             self._factory.close()

@@ -1,73 +1,65 @@
-"""Records of the evaluation agent's loop: aspects, probes, plans, samples and rounds."""
+"""Records of an evaluation: the plan parsed from the question, probes, evidence, rounds, result."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from PIL import Image
+ANSWERS = ("yes", "no", "partly")
 
 
 @dataclass
-class Probe:
-    """One prompt written for a sub-aspect, with the checks that turn its output into evidence."""
+class Plan:
+    """What the question asks: which property of which target, under which conditions.
 
-    prompt: str
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    args: dict[str, dict[str, Any]] = field(default_factory=dict)  # per target tool: argument overrides
-    image: dict[str, Any] | None = None  # input canvas {size: [w, h], color: [r, g, b]}
+    `conditions` are fixed for every probe (rotation 30, bg navy, …); `axis` is the condition the
+    agent searches along (text_height, contrast), `asked` the range of it the question is about
+    (`[lo, hi]`, equal for one value, None: the whole axis). `strata` are categorical settings
+    probed separately (the angles of Rotate). `unsupported` set means no probe can answer it.
+    """
 
-    def input_images(self) -> list[Image.Image]:
-        if not self.image:
-            return []
-        w, h = self.image.get("size", [256, 256])
-        return [Image.new("RGB", (int(w), int(h)), tuple(self.image.get("color", [255, 255, 255])))]
+    target: str
+    target_kind: str  # tool | policy | generator
+    tool: str | None
+    property: str | None
+    conditions: dict[str, Any] = field(default_factory=dict)
+    axis: str | None = None
+    asked: list[float] | None = None
+    strata: list[dict[str, Any]] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)  # per-question measurement settings
+    thought: str = ""
+    source: str = "offline"
+    unsupported: str | None = None
 
-
-@dataclass
-class Aspect:
-    name: str
-    description: str = ""
-    keywords: list[str] = field(default_factory=list)
-    targets: list[str] = field(default_factory=list)  # tool names or "policy"; empty: any target
-    probes: list[Probe] = field(default_factory=list)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Aspect":
-        probes = [Probe(**p) for p in d.get("probes") or []]
-        return cls(d["name"], d.get("description", ""), list(d.get("keywords") or []), list(d.get("targets") or []), probes)
-
-
-@dataclass
-class PlanStep:
-    """The planner's decision: probe `sub_aspect` next, or stop with a justification."""
-
-    thought: str
-    sub_aspect: str | None = None
-    stop: bool = False
-    justification: str = ""
-    source: str = "planner"  # which planner decided (a fallback is recorded as such)
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["settings"] = {k: v for k, v in self.settings.items() if not k.startswith("_")}
+        return d
 
 
 @dataclass
-class Sample:
-    prompt: str
-    ok: bool
-    scores: dict[str, float] = field(default_factory=dict)  # overall, align, aes, … from the hybrid reward
-    checks: dict[str, float] = field(default_factory=dict)  # per check type, from the alignment judge
-    align_measured: bool = False
+class Evidence:
+    """One probe's measurement against its ground truth."""
+
+    probe_id: str
+    conditions: dict[str, Any]
+    value: float | None  # the axis value probed, if there is an axis
+    truth: dict[str, Any]
+    metrics: dict[str, float]
+    passed: bool
+    output: str | None = None  # saved output image, relative to the run dir
+    inputs: list[str] = field(default_factory=list)
     error: str | None = None
-    output: str | None = None  # path of the saved output image, relative to the run dir
 
 
 @dataclass
 class Round:
     index: int
-    plan: PlanStep
-    probes: list[Probe] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)
-    observation: str = ""  # the evidence, as text the planner reads
-    stats: dict[str, float] = field(default_factory=dict)
+    thought: str
+    action: dict[str, Any]  # what was probed: {"axis": ..., "values": [...]} or {"strata": [...], "n": k}
+    evidence: list[Evidence] = field(default_factory=list)
+    observation: str = ""
+    source: str = "offline"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,17 +69,32 @@ class Round:
 class AgentResult:
     question: str
     target: str
+    plan: Plan
     rounds: list[Round]
-    stop: PlanStep
+    answer: str  # yes | no | partly | "cannot evaluate: …"
+    boundary: str | None
     summary: str
+    stop: str  # why the evaluation stopped
     planner: str
+    probes_used: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def evidence(self) -> list[Evidence]:
+        return [e for r in self.rounds for e in r.evidence]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "question": self.question,
             "target": self.target,
-            "planner": self.planner,
-            "rounds": [r.to_dict() for r in self.rounds],
-            "stop": asdict(self.stop),
+            "answer": self.answer,
+            "boundary": self.boundary,
             "summary": self.summary,
+            "stop": self.stop,
+            "planner": self.planner,
+            "probes_used": self.probes_used,
+            "plan": self.plan.to_dict(),
+            "details": self.details,
+            "evidence": [asdict(e) for e in self.evidence],
+            "rounds": [r.to_dict() for r in self.rounds],
         }
