@@ -107,3 +107,11 @@ def test_any_jsonl_is_read_without_raising(tmp_path_factory, lines):
     rs = R.load(root)
     assert rs.rollouts == []  # nothing in the fuzz root is a trajectory
     assert all(p.startswith("rollouts.jsonl line ") for p in rs.problems)
+
+
+def test_ui_command_refuses_a_folder_that_is_no_dump(tmp_path, capsys):
+    from canvasagent.cli import main as cli_main
+
+    assert cli_main(["ui", "--rollouts", str(tmp_path)]) == 2
+    err = capsys.readouterr().out
+    assert "no GRPO dump" in err and len(err.strip().splitlines()) == 1
