@@ -39,22 +39,32 @@ def fill(template: str, fields: dict[str, Any]) -> str:
 
 @dataclass
 class Phrasings:
-    openers: dict[str, list[str]]
+    """The template writer's vocabulary (configs/canvascraft/phrasings.yaml; the file states the
+    grammar contract each entry must keep)."""
+
+    openers: dict[str, list[str]]  # ask: followed by a verb phrase; lead: followed by any clause
     joiners: list[str]
     closers: list[str]
-    clauses: dict[str, dict[str, list[str]]]
+    clauses: dict[str, dict[str, list[str]]]  # clause key -> explicit | implicit | context -> entries
     reasons: dict[str, list[str]]
+    questions: list[str] = field(default_factory=list)  # openers that make the request a question
+    conditions: dict[str, list[str]] = field(default_factory=lambda: {"before": ["if {condition}, {clause}"], "after": ["{clause} if {condition}"]})
+    two_inputs: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, name: str = "phrasings") -> "Phrasings":
         d = load_yaml(find_config(name, "canvascraft"))
-        return cls(d["openers"], d["joiners"], d["closers"], d["clauses"], d["reasons"])
+        return cls(d["openers"], d["joiners"], d["closers"], d["clauses"], d["reasons"], d.get("questions", []),
+                   d.get("conditions") or {"before": ["if {condition}, {clause}"], "after": ["{clause} if {condition}"]},
+                   d.get("two_inputs", []))
 
     def clause(self, step: Step, tone: str, rng: random.Random) -> str:
-        options = self.clauses[step.clause][tone]
-        text = fill(rng.choice(options), step.params)
-        cond = step.params.get("condition")
-        return f"if {cond}, {text}" if cond else text
+        """The step's request as an imperative verb phrase (its condition not attached)."""
+        return fill(rng.choice(self.clauses[step.clause][tone]), step.params)
+
+    def context(self, step: Step, rng: random.Random) -> str | None:
+        options = self.clauses[step.clause].get("context") or []
+        return fill(rng.choice(options), step.params) if options else None
 
     def reason(self, key: str, rng: random.Random, fields: dict[str, Any]) -> str:
         return fill(rng.choice(self.reasons[key]), fields)
@@ -68,23 +78,45 @@ class Writer(Protocol):
 
 @dataclass
 class TemplateWriter:
+    """Builds `[context. ][opener]clause[, joiner clause]...[?|.][closer]` from the phrasings.
+
+    Every clause is a verb phrase; a step's condition goes before it ("if C, do X") only where
+    no `ask` opener precedes it, else after it ("do X if C"), so no opener ever runs into an
+    "if". The implicit tone may open with a sentence stating the problem (a step's `context`).
+    """
+
     phrasings: Phrasings = field(default_factory=Phrasings.load)
     name: str = "template"
 
     def write(self, plan: Plan, rng: random.Random, tone: str) -> str:
         p = self.phrasings
-        clauses = [p.clause(s, tone, rng) for s in plan.steps]
-        clauses = [c.rstrip("?") for c in clauses[:-1]] + clauses[-1:]  # a question mark only at the end
-        body = clauses[0]
-        for c in clauses[1:]:
-            body += rng.choice(p.joiners) + c
-        opener = rng.choice(p.openers[tone])
-        text = opener + body if opener else body[:1].upper() + body[1:]
-        if len(plan.inputs) > 1:
-            text = "Using the first image as the source and the second as the background: " + text[:1].lower() + text[1:]
-        end = "?" if opener.strip().startswith("Could") or text.rstrip().endswith("?") else "."
-        text = text.rstrip(".?!") + end
-        return text + rng.choice(p.closers)
+        steps = plan.steps
+        clauses = [p.clause(s, tone, rng) for s in steps]
+        conds = [s.params.get("condition") for s in steps]
+        ask = bool(p.openers.get("ask")) and (not p.openers.get("lead") or rng.random() < 0.5)
+        opener = rng.choice(p.openers["ask" if ask else "lead"])
+        parts = []
+        for i, (clause, cond) in enumerate(zip(clauses, conds)):
+            if cond:
+                form = "after" if (i == 0 and ask) or rng.random() < 0.5 else "before"
+                clause = rng.choice(p.conditions[form]).format(condition=cond, clause=clause)
+            parts.append(clause if i == 0 else rng.choice(p.joiners) + clause)
+        body = opener + "".join(parts)
+        end = "?" if ask and opener in p.questions else "."
+        text = _capitalise(body.rstrip(" .?!,;:")) + end
+        lead_in = []
+        if len(plan.inputs) > 1 and p.two_inputs:
+            lead_in.append(rng.choice(p.two_inputs))
+        if tone == "implicit" and rng.random() < 0.5:
+            # A conditioned step's problem is not a given, so only unconditioned steps state theirs.
+            ctx = next((c for s, cond in zip(steps, conds) if not cond and (c := p.context(s, rng))), None)
+            if ctx:
+                lead_in.append(ctx)
+        return " ".join([*lead_in, text]) + rng.choice(p.closers)
+
+
+def _capitalise(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 _SYSTEM = (
