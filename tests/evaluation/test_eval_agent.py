@@ -170,7 +170,7 @@ def test_flip_run_writes_answer_evidence_and_ea_cot(tmp_path):
     e = saved["evidence"][0]
     assert e["passed"] and e["metrics"]["mad_vs_expected"] == 0.0 and e["metrics"]["mad_vs_input"] > 5
     assert (out / e["output"]).exists() and (out / "probes" / e["probe_id"] / "expected.png").exists()
-    assert "**Answer: yes**" in (out / "summary.md").read_text()
+    assert "Answer: YES" in (out / "summary.md").read_text()
     records = json.loads((out / "ea_cot.json").read_text())
     assert [r["ea_cot"]["kind"] for r in records] == ["plan"] + ["probe"] * len(res.rounds) + ["summary"]
     assert "<plan>" in records[0]["messages"][2]["content"] and "(none)" in records[0]["messages"][1]["content"]

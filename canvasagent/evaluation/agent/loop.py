@@ -128,6 +128,7 @@ class EvaluationAgent:
                     ev, fatal = self._probe(suite, cond, index, value, settings, f"r{rnd.index + 1}_p{len(evidence) + 1}")
                     if fatal:
                         rnd.evidence.append(ev)
+                        rnd.observation = observation_text(rnd)
                         rounds.append(rnd)
                         return self._finish(question, plan, rounds, f"cannot evaluate: {fatal}", None, "the target cannot produce evidence", [])
                     evidence.append(ev)
@@ -205,8 +206,10 @@ class EvaluationAgent:
 
 
 def summary_markdown(result: AgentResult) -> str:
-    lines = [f"# Evaluation: {result.question}", "", f"**Answer: {result.answer}**" + (f" — {result.boundary}" if result.boundary else ""), "",
-             result.summary, ""]
+    lines = [f"# Evaluation: {result.question}", ""]
+    if not result.summary.startswith("Answer:"):  # a model's prose comes first: put the measured answer on top
+        lines += [f"**Answer: {result.answer}**" + (f" — {result.boundary}" if result.boundary else ""), ""]
+    lines += [result.summary, ""]
     if result.evidence:
         lines += ["## Probes", "", "| probe | value / setting | ground truth | measured | pass |", "|---|---|---|---|---|"]
         for e in result.evidence:

@@ -48,7 +48,7 @@ def observation_text(rnd: Round) -> str:
         metrics = ", ".join(f"{k} {v:g}" for k, v in e.metrics.items())
         read = f", read {e.truth['read']!r} for {e.truth['word']!r}" if "read" in e.truth else ""
         err = f" — error: {e.error}" if e.error else ""
-        lines.append(f"{e.probe_id} [{where}]: {'PASS' if e.passed else 'FAIL'} ({metrics}{read}){err}")
+        lines.append(f"{e.probe_id} [{where or '–'}]: {'PASS' if e.passed else 'FAIL'} ({metrics}{read}){err}")
     return "\n".join(lines)
 
 
@@ -83,8 +83,10 @@ class OfflinePlanner:
             thought = (f"{decision.why.capitalize()}: probe {plan.axis} = {vals}." if history else
                        f"Probe the ends of the asked range first ({plan.axis} = {vals}); together they decide yes / no / partly.")
         else:
+            what = SUITES[plan.property].description if plan.property else "the property"
+            settings = f"each of {len(plan.strata)} settings" if plan.strata else "the asked setting"
             thought = (f"{decision.why.capitalize()}; probe more varied inputs." if history else
-                       "Probe varied inputs (natural and asymmetric scenes, several sizes) for each setting.")
+                       f"Probe varied generated inputs for {settings}; pass means {what}.")
         return thought, decision.next, self.name
 
     def summarize(self, question, plan, history, answer, boundary, stop, table) -> str:

@@ -524,7 +524,7 @@ TEXT_HEIGHT = Axis("text_height", 2, 64, "higher", "px", 1, (2, 3, 4, 5, 6, 8, 1
 CONTRAST = Axis("contrast", 1, 255, "higher", "grey levels", 1, (1, 2, 3, 5, 8, 12, 20, 32, 64, 128, 200, 255), "reads text with a luminance difference")
 
 SUITES: dict[str, Suite] = {
-    "legibility": Suite("legibility", "OCR reads rendered text (character accuracy against the rendered word)", ("OCR",),
+    "legibility": Suite("legibility", "rendered text is read back exactly (character accuracy against the rendered word)", ("OCR",),
                         _make_legibility, _measure_legibility, {"text_height": TEXT_HEIGHT, "contrast": CONTRAST}),
     "overlay_text": Suite("overlay_text", "the text is readable (OCR and WCAG contrast) at the asked position", ("Overlayer",),
                           _make_overlay, _measure_overlay, needs_ocr=True),

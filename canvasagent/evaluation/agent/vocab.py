@@ -207,7 +207,7 @@ def parse_question(question: str, target: str, cfg: dict[str, Any]) -> Plan:
         notes.append(f"scale {cond['scale']}x")
     plan.conditions = cond
     what = SUITES[prop].description
-    plan.thought = (f"The question asks about {prop} of {target} ({what})" + (f", under: {'; '.join(notes)}" if notes else "") + "."
+    plan.thought = (f"The question asks about the {prop} of {target}: pass means {what}" + (f", under: {'; '.join(notes)}" if notes else "") + "."
                     + (f" I search {plan.axis} for the boundary." if plan.axis else ""))
     return plan
 
