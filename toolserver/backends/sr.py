@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import re
 import sys
-import tempfile
 import threading
-from contextlib import contextmanager
+import time
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -103,32 +104,51 @@ _PROGRESS = re.compile(r"^\s*\d+(\.\d+)?%\s*$")
 
 
 @contextmanager
-def _native_output_to_log(logger: logging.Logger) -> Iterator[None]:
+def _native_output_to_log(logger: logging.Logger, progress: "TileProgress | None" = None) -> Iterator[None]:
     """Capture file descriptors 1 and 2 while native code runs: ncnn prints per-tile progress
-    ("0.00%") with printf, which would litter a CLI's or a server's console. Progress lines go
-    to the debug log; anything else captured (another thread's output in that window) is
+    ("0.00%") with fprintf, which would litter a CLI's or a server's console. A reader thread
+    drains the pipe as the call runs: progress lines feed `progress` (which writes its own
+    rate-limited lines to the real stderr, since logging's stream is captured too) and go to the
+    debug log afterwards; anything else captured (another thread's output in that window) is
     re-emitted as a warning so nothing is lost."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = {fd: os.dup(fd) for fd in (1, 2)}
-    with tempfile.TemporaryFile(mode="w+b") as sink:
-        for fd in saved:
-            os.dup2(sink.fileno(), fd)
-        try:
-            yield
-        finally:
-            _flush_c_stdio()  # printf output still in libc's buffer would otherwise surface later
-            for fd, dup in saved.items():
-                os.dup2(dup, fd)
-                os.close(dup)
-            sink.seek(0)
-            lines = sink.read().decode(errors="replace").splitlines()
-            progress = [ln for ln in lines if _PROGRESS.match(ln)]
-            other = [ln for ln in lines if ln.strip() and not _PROGRESS.match(ln)]
-            if progress:
-                logger.debug("native SR progress: %s", " ".join(p.strip() for p in progress[-20:]))
-            if other:
-                logger.warning("output captured during native SR:\n%s", "\n".join(other[-200:]))
+    read_fd, write_fd = os.pipe()
+    lines: list[str] = []
+
+    def drain() -> None:
+        with os.fdopen(read_fd, "rb") as pipe:
+            for raw in pipe:
+                line = raw.decode(errors="replace").rstrip("\r\n")
+                lines.append(line)
+                if progress is not None and _PROGRESS.match(line):
+                    progress.update(float(line.strip().rstrip("%")) / 100.0)
+
+    if progress is not None:
+        progress.write = lambda text: os.write(saved[2], (text + "\n").encode())
+    reader = threading.Thread(target=drain, name="sr-native-output", daemon=True)
+    reader.start()
+    for fd in saved:
+        os.dup2(write_fd, fd)
+    os.close(write_fd)
+    try:
+        yield
+    finally:
+        _flush_c_stdio()  # printf output still in libc's buffer would otherwise surface later
+        for fd, dup in saved.items():
+            os.dup2(dup, fd)  # also drops the pipe's last write ends, so the reader sees EOF
+        reader.join(timeout=10)
+        if progress is not None:
+            progress.write = None
+        for dup in saved.values():
+            os.close(dup)
+        prog = [ln for ln in lines if _PROGRESS.match(ln)]
+        other = [ln for ln in lines if ln.strip() and not _PROGRESS.match(ln)]
+        if prog:
+            logger.debug("native SR progress: %s", " ".join(p.strip() for p in prog[-20:]))
+        if other:
+            logger.warning("output captured during native SR:\n%s", "\n".join(other[-200:]))
 
 
 def _flush_c_stdio() -> None:
@@ -140,6 +160,92 @@ def _flush_c_stdio() -> None:
 
 # Redirecting fds 1 and 2 is process-wide, so two concurrent native calls must not interleave it.
 _CAPTURE_LOCK = threading.Lock()
+
+
+# ------------------------------------------------------------------------------ progress
+
+# A call estimated (or found) to take at least this long logs its estimate and its summary at
+# INFO, and shows per-tile progress; shorter calls (the usual small inputs) log at DEBUG.
+LONG_CALL_S = 5.0
+PROGRESS_EVERY_S = 5.0  # at most one progress line per this many seconds
+# Seconds per input megapixel before a backend has timed a call of its own: about what RealESRGAN
+# x4plus costs on one busy CPU core (a 512x512 input took 2.5 min). Replaced by measurements.
+CPU_S_PER_MPX_HINT = 550.0
+
+
+def tile_count(width: int, height: int, tile: int) -> int:
+    """Tiles a tiled SR pass runs over a `width` x `height` input (1 when untiled)."""
+    return 1 if tile <= 0 else math.ceil(width / tile) * math.ceil(height / tile)
+
+
+class TileProgress:
+    """Rate-limited progress lines of one call: fraction done, elapsed time, time left."""
+
+    def __init__(self, name: str, tiles: int, write: Callable[[str], Any] | None = None):
+        self.name, self.tiles, self.write = name, tiles, write
+        self.t0 = self.last = time.monotonic()
+
+    def update(self, fraction: float) -> None:
+        now = time.monotonic()
+        if self.write is None or fraction <= 0 or now - self.last < PROGRESS_EVERY_S:
+            return
+        self.last = now
+        elapsed = now - self.t0
+        left = elapsed * (1 - fraction) / fraction
+        done = f"tile {round(fraction * self.tiles)}/{self.tiles}" if self.tiles > 1 else "progress"
+        self.write(f"{self.name}: {done} ({100 * fraction:.0f}%), {elapsed:.0f} s elapsed, about {left:.0f} s left")
+
+
+class SrTimer:
+    """One backend's call timing: an estimate before a call from the input size and the
+    measured seconds per megapixel, and a summary line after it (the rate is then updated)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.s_per_mpx = CPU_S_PER_MPX_HINT
+        self.measured = False
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def timed(self, width: int, height: int, tiles: int) -> Iterator[TileProgress | None]:
+        mpx = width * height / 1e6
+        est = self.s_per_mpx * mpx
+        long = est >= LONG_CALL_S
+        basis = "measured on this backend" if self.measured else "a CPU hint until a call is timed"
+        log.log(logging.INFO if long else logging.DEBUG, "%s: %dx%d input in %d tile(s); estimated %.0f s (%.0f s per megapixel, %s)",
+                self.name, width, height, tiles, est, self.s_per_mpx, basis)
+        progress = TileProgress(self.name, tiles) if long else None
+        t0 = time.monotonic()
+        yield progress
+        took = time.monotonic() - t0
+        with self._lock:
+            rate = took / max(mpx, 1e-6)
+            self.s_per_mpx = rate if not self.measured else (self.s_per_mpx + rate) / 2
+            self.measured = True
+        log.log(logging.INFO if long or took >= LONG_CALL_S else logging.DEBUG, "%s: %dx%d -> %dx%d in %d tile(s), %.1f s",
+                self.name, width, height, width * SCALE, height * SCALE, tiles, took)
+
+
+class _TileLines:
+    """A stdout stand-in that turns RealESRGANer's "Tile i/n" prints into progress updates and
+    passes anything else through to the real stdout."""
+
+    _TILE = re.compile(r"Tile (\d+)/(\d+)")
+
+    def __init__(self, progress: TileProgress | None, passthrough: Any):
+        self.progress, self.passthrough = progress, passthrough
+
+    def write(self, text: str) -> int:
+        m = self._TILE.search(text)
+        if m:
+            if self.progress is not None:
+                self.progress.tiles = int(m.group(2))
+                self.progress.update(int(m.group(1)) / max(1, int(m.group(2))))
+            return len(text)
+        return self.passthrough.write(text)
+
+    def flush(self) -> None:
+        self.passthrough.flush()
 
 
 # ------------------------------------------------------------------------------ realesrgan-ncnn
@@ -166,6 +272,7 @@ class NcnnRealEsrgan:
         self.params = params
         self._model: Lazy[Any] = Lazy(self._load)
         self._lock = threading.Lock()  # the wrapper keeps the in/out buffers on the object
+        self.timer = SrTimer(self.name)
 
     def _load(self) -> Any:
         try:
@@ -186,8 +293,9 @@ class NcnnRealEsrgan:
 
     def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
         model = self._model.get()
-        with self._lock, _CAPTURE_LOCK, _native_output_to_log(log):
-            return model.process_pil(rgb)
+        with self._lock, _CAPTURE_LOCK, self.timer.timed(rgb.width, rgb.height, tile_count(rgb.width, rgb.height, self.params.tile)) as progress:
+            with _native_output_to_log(log, progress):
+                return model.process_pil(rgb)
 
     def __call__(self, request: ToolRequest) -> ToolResult:
         src = request.images["image"]
@@ -249,6 +357,7 @@ class TorchRealEsrgan:
         self.params = params
         self._model: Lazy[Any] = Lazy(self._load)
         self._lock = threading.Lock()
+        self.timer = SrTimer(self.name)
 
     def _load(self) -> Any:
         p = self.params
@@ -273,8 +382,14 @@ class TorchRealEsrgan:
     def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
         upsampler = self._model.get()
         bgr = np.ascontiguousarray(np.asarray(rgb)[:, :, ::-1])  # RealESRGANer follows OpenCV's BGR
+        tiles = 1 if self._fits_one_tile(rgb) else tile_count(rgb.width, rgb.height, self.params.tile)
         with self._lock:  # RealESRGANer keeps the current image and tiles on the object
-            out, _ = upsampler.enhance(bgr, outscale=SCALE)
+            with self.timer.timed(rgb.width, rgb.height, tiles) as progress:
+                if progress is not None:
+                    progress.write = log.info
+                # RealESRGANer prints "Tile i/n" per tile; those become progress lines.
+                with redirect_stdout(_TileLines(progress, sys.stdout)):
+                    out, _ = upsampler.enhance(bgr, outscale=SCALE)
         return Image.fromarray(np.ascontiguousarray(out[:, :, ::-1]))
 
     def __call__(self, request: ToolRequest) -> ToolResult:
