@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import time
 
 from canvasagent.cli.common import add_tools_config_arg
+
+log = logging.getLogger("canvasagent.eval")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,13 +53,23 @@ def run(args: argparse.Namespace) -> int:
         resume=not args.no_resume,
         guard=GuardConfig(max_consecutive_invalid=args.max_invalid, episode_timeout_s=args.episode_timeout),
     )
+    t0 = time.monotonic()
+    seen = {"done": 0, "total": 0, "errors": 0, "logged": -1}
+    # The bar is transient and drawn only on a terminal; logs get a line per tenth of the run
+    # when nothing draws it, and a summary line at the end either way.
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True) as bar:
         job = bar.add_task("evaluating", total=None)
 
         def progress(done: int, total: int, res) -> None:
             bar.update(job, completed=done, total=total)
+            seen.update(done=done, total=total)
             if res is not None and res.error:
+                seen["errors"] += 1
                 console.print(f"[yellow]{res.task_id}: {res.stop_reason}: {res.error}", soft_wrap=True)
+            tenth = done * 10 // max(total, 1)
+            if not console.is_terminal and res is not None and tenth > seen["logged"] and done < total:
+                seen["logged"] = tenth
+                log.info("eval: %d/%d tasks, %.0f s elapsed", done, total, time.monotonic() - t0)
 
         try:
             outcome = evaluate_policy(
@@ -65,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         except (PolicySpecError, TaskLoadError, ScorerUnavailable, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+    log.info("eval: %d/%d tasks done in %.1f s (%d with errors); report %s", outcome.n_done, outcome.n_tasks,
+             time.monotonic() - t0, seen["errors"], outcome.paths["markdown"])
     print(metrics_table({args.policy: outcome.summary.metrics}))
     s = outcome.summary
     print(f"\n{outcome.n_done}/{outcome.n_tasks} tasks done; success rate {s.success_rate:.3f}; report: {outcome.paths['markdown']}")
