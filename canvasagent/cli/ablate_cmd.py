@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import time
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,8 +33,10 @@ def run(args: argparse.Namespace) -> int:
         for msg in problems:
             print(f"problem: {msg}", file=sys.stderr)
         return 1 if problems else 0
+    t0 = time.monotonic()
     out = runner.run()
     print(out["markdown"])
+    log.info("ablation: done in %.1f min, %d cell(s) failed", (time.monotonic() - t0) / 60, len(out["failures"]))
     if out["failures"]:
         print(f"{len(out['failures'])} cell(s) failed; rerun the same command to retry them", file=sys.stderr)
         return 1

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import time
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,8 +40,11 @@ def _run(args: argparse.Namespace) -> int:
         sft_overrides=dict(parse_override(s) for s in args.sft_set) or None,
         grpo_overrides=dict(parse_override(s) for s in args.grpo_set) or None,
     )
+    t0 = time.monotonic()
     results = run_pipeline(cfg, args.stage)
     report = results.get("report") or {}
     if report.get("markdown"):
         print(open(report["markdown"]).read())
+    log.info("pipeline: %s done in %.1f min; report %s", ", ".join(k for k in results if k != "report") or "nothing",
+             (time.monotonic() - t0) / 60, report.get("markdown") or "not written")
     return 0
