@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,57 +16,154 @@ from canvasagent.trajectory import Trajectory
 log = logging.getLogger(__name__)
 
 
+# Training diagnostics drawn by `plot_curves`: (panel title, metric keys). Keys are TRL's
+# (grpo_trainer logs `reward`, `reward_std`, `frac_reward_zero_std`, `kl` (beta > 0 only),
+# `entropy`, `clip_ratio/*`, `completions/*`, `tools/*` and `rewards/<reward function>/{mean,std}`),
+# the logged-only reward functions of `training.rewarding.TRLRewards`, and the trainer's `loss`.
+# Two stand-ins: COMPONENTS/mean and COMPONENTS/std are the reward components' keys, and
+# "rewards/hybrid/*" is every per-source hybrid. Panels without data are left out.
+COMPONENTS = "COMPONENTS"
+PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("loss", ("loss",)),
+    ("reward (mean per component)", ("reward", f"{COMPONENTS}/mean")),
+    ("reward per source (hybrid)", ("rewards/hybrid/*",)),
+    ("reward std per component", ("reward_std", f"{COMPONENTS}/std")),
+    ("groups without reward spread", ("frac_reward_zero_std",)),
+    ("tool use", ("tools/call_frequency", "rewards/tool_calls/mean", "rewards/no_tool/mean", "tools/failure_frequency")),
+    ("format validity", ("rewards/format_validity/mean",)),
+    ("completion length (tokens)", ("completions/mean_length",)),
+    ("KL and entropy", ("kl", "entropy")),
+    ("clip ratio", ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")),
+    ("judge fallbacks", ("rewards/judge_fallbacks/mean",)),
+    ("SFT token accuracy", ("mean_token_accuracy",)),
+)
+EMA_WEIGHT = 0.8  # smoothed line: y_t = 0.8 * y_{t-1} + 0.2 * x_t (missing points are skipped)
+
+
+def _series(history: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    pts = [(h["step"], float(h[key])) for h in history
+           if "step" in h and isinstance(h.get(key), (int, float)) and math.isfinite(float(h[key]))]
+    return ([x for x, _ in pts], [y for _, y in pts])
+
+
+def ema(ys: list[float], weight: float = EMA_WEIGHT) -> list[float]:
+    """Exponential moving average, seeded with the first value."""
+    out: list[float] = []
+    for y in ys:
+        out.append(y if not out else weight * out[-1] + (1 - weight) * y)
+    return out
+
+
+def _component_keys(keys: list[str], stat: str) -> list[str]:
+    from canvasagent.training.rewarding import TRLRewards
+
+    diagnostic = {f"rewards/{n}/{stat}" for n in TRLRewards.LOGGED}
+    return [k for k in keys if k.startswith("rewards/") and k.endswith(f"/{stat}") and k not in diagnostic
+            and not k.startswith("rewards/hybrid/")]
+
+
+def curve_panels(history: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The panels `plot_curves` draws for this history: title -> the keys with at least one finite value."""
+    keys = sorted({k for h in history for k in h})
+    out: dict[str, list[str]] = {}
+    for title, patterns in PANELS:
+        chosen: list[str] = []
+        for p in patterns:
+            if p.startswith(COMPONENTS):
+                matches = _component_keys(keys, p.rsplit("/", 1)[1])
+            elif p.endswith("*"):
+                matches = [k for k in keys if k.startswith(p[:-1]) and k.endswith("/mean")]
+            else:
+                matches = [p]
+            chosen += [k for k in matches if k not in chosen and _series(history, k)[0]]
+        if chosen:
+            out[title] = chosen
+    return out
+
+
+def _label(key: str) -> str:
+    return key.removeprefix("rewards/").removesuffix("/mean")
+
+
 def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
-    """One panel for the loss, one for every `rewards/<component>/mean` (and the total reward)."""
+    """One panel per diagnostic in `PANELS` that has data: each key raw (thin) and smoothed (EMA,
+    solid). Returns the PNG path, or None when nothing was logged."""
     import matplotlib
 
     matplotlib.use("Agg")  # headless: training machines have no display
     import matplotlib.pyplot as plt
 
-    reward_keys = sorted({k for h in history for k in h if k.startswith("rewards/") and k.endswith("/mean")})
-    if any("reward" in h for h in history):
-        reward_keys.append("reward")
-    has_loss = any("loss" in h for h in history)
-    panels = (["loss"] if has_loss else []) + (["rewards"] if reward_keys else [])
+    panels = curve_panels(history)
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.6), squeeze=False)
-    for ax, panel in zip(axes[0], panels):
-        keys = ["loss"] if panel == "loss" else reward_keys
-        for k in keys:
-            pts = [(h["step"], h[k]) for h in history if k in h and "step" in h]
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, label=k.removeprefix("rewards/").removesuffix("/mean"), marker="." if len(xs) < 40 else None)
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.3 * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, (panel, keys) in zip(flat, panels.items()):
+        for i, k in enumerate(keys):
+            xs, ys = _series(history, k)
+            color = f"C{i % 10}"
+            ax.plot(xs, ys, color=color, alpha=0.35, linewidth=0.8, marker="." if len(xs) < 40 else None)
+            ax.plot(xs, ema(ys), color=color, linewidth=1.6, label=_label(k))
         ax.set_xlabel("step")
-        ax.set_title(panel)
+        ax.set_title(panel, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
+        ax.legend(fontsize=6)
+    for ax in flat[len(panels):]:
+        ax.axis("off")
+    fig.suptitle((title + "  " if title else "") + f"(thin: raw, solid: EMA {EMA_WEIGHT})", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+@dataclass
+class ToolCollapse:
+    """The tool-collapse rule: warn when the share of rollouts that call no tool
+    (`key`, TRLRewards' `no_tool` mean) is at least `share` on `steps` logged steps in a row.
+    The warning is given once per streak; a step below `share` ends the streak."""
+
+    share: float = 0.9
+    steps: int = 3
+    key: str = "rewards/no_tool/mean"
+    streak: int = 0
+
+    def update(self, logs: dict[str, Any], step: int) -> bool:
+        """Feed one logged step; True (and a `logging` warning) when this step completes a collapse."""
+        v = logs.get(self.key)
+        if not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            return False
+        self.streak = self.streak + 1 if v >= self.share else 0
+        if self.streak != self.steps:
+            return False
+        log.warning("tool use collapsed: %.0f%% or more of the rollouts called no tool on %d logged steps in a row "
+                    "(step %d: %.0f%%)", 100 * self.share, self.steps, step, 100 * float(v))
+        return True
 
 
 class RewardCurves(TrainerCallback):
     """Appends every log to `metrics.jsonl` and redraws `curves.png` at each save and at the end.
 
     The curve is drawn from `state.log_history`, which checkpoints carry, so a resumed run's
-    picture includes the steps before the interruption.
+    picture includes the steps before the interruption. Each log also goes through the
+    `collapse` rule (`ToolCollapse`); a step that completes a collapse carries `tool_collapse: 1`
+    in metrics.jsonl.
     """
 
-    def __init__(self, out_dir: Path, title: str = ""):
+    def __init__(self, out_dir: Path, title: str = "", collapse: ToolCollapse | None = None):
         self.out_dir = Path(out_dir)
         self.title = title
+        self.collapse = collapse or ToolCollapse()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and state.is_world_process_zero:
+            extra = {"tool_collapse": 1} if self.collapse.update(logs, state.global_step) else {}
             self.out_dir.mkdir(parents=True, exist_ok=True)
             with open(self.out_dir / "metrics.jsonl", "a") as fh:
-                fh.write(json.dumps({"step": state.global_step, **logs}, default=float) + "\n")
+                fh.write(json.dumps({"step": state.global_step, **logs, **extra}, default=float) + "\n")
 
     def _draw(self, state) -> None:
         if state.is_world_process_zero:

@@ -88,13 +88,15 @@ def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
     model, processor = load_model_and_processor(ws, padding_side="left")
     scorer = make_scorer(cfg.grpo.reward_preset, cfg.grpo.judge, ws.env_cls.toolbox())
     dumper = TrajectoryDumper(ws.output_dir / "trajectories", cfg.run.dump_every)
-    rewards = TRLRewards(scorer, on_scored=dumper, group_size=cfg.grpo.num_generations)
+    train_dataset = grpo_dataset(cfg, ws.toolbox_factory)
+    rewards = TRLRewards(scorer, on_scored=dumper, group_size=cfg.grpo.num_generations,
+                         sources=TRLRewards.sources_in(train_dataset["task"]))  # per-source reward curves
     log.info("GRPO reward: %s, components %s, weights %s", scorer.source, rewards.names, rewards.weights())
     trainer = CanvasGRPOTrainer(
         model=model,
         reward_funcs=rewards.functions(),
         args=grpo_args(cfg, rewards.weights()),
-        train_dataset=grpo_dataset(cfg, ws.toolbox_factory),
+        train_dataset=train_dataset,
         processing_class=processor,
         environment_factory=ws.env_cls,
         peft_config=peft_config(cfg),

@@ -11,11 +11,13 @@ finished with the reply texts that only the completion holds (`env.trajectory_of
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
+from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory
 from canvasagent.training.env import CanvasEnv, trajectory_of
 
@@ -63,6 +65,31 @@ def make_scorer(preset: str = "paper", judge: str = "offline", toolbox: Any = No
                         j.max_fallback_share, j.on_excess_fallbacks)
 
 
+def source_of(task: Task) -> str:
+    """The data source a task came from: `meta["source"]` when the loader set it, else what its
+    meta shows (an EASEL spec: `easel`; a CanvasCraft chain: `canvascraft`), else its family."""
+    meta = task.meta or {}
+    if meta.get("source"):
+        return str(meta["source"])
+    if "easel" in meta:
+        return "easel"
+    if "chain" in meta:
+        return "canvascraft"
+    return task.family or "unknown"
+
+
+def rollout_diagnostics(traj: Trajectory) -> dict[str, float]:
+    """Per rollout: `format_validity` (share of turns without a format finding; 0 with no turn),
+    `tool_calls` (calls recorded in the trajectory) and `no_tool` (1.0 when there were none)."""
+    turns = traj.turns
+    calls = sum(t.call is not None for t in turns)
+    return {
+        "format_validity": sum(not t.findings for t in turns) / len(turns) if turns else 0.0,
+        "tool_calls": float(calls),
+        "no_tool": float(calls == 0),
+    }
+
+
 class JudgeOutage(RuntimeError):
     """Too many rollouts of a GRPO step were scored by a judge fallback (on_excess_fallbacks: abort)."""
 
@@ -79,16 +106,34 @@ class TRLRewards:
     `JudgeOutage`, and `drop` gives each such rollout the mean of its group's judged rollouts
     (groups are `group_size` consecutive completions, as TRL orders them), so its advantage is 0
     and the fallback's constant score cannot flatten the others'.
+
+    The other logged-only functions (weight 0, so TRL logs `rewards/<name>/mean` and `/std` per
+    step without them entering the reward) are diagnostics of the rollout itself:
+    `format_validity` (share of its turns without a format finding), `tool_calls` (calls recorded
+    in its trajectory, i.e. what the reward saw), `no_tool` (1 when it called no tool), and for
+    each name in `sources` a `hybrid/<source>` function: the hybrid total for rollouts of that
+    source (`source_of`) and None for the others, which TRL turns into NaN and leaves out of the
+    mean.
     """
 
-    LOGGED = ("judge_fallbacks",)
+    LOGGED = ("judge_fallbacks", "format_validity", "tool_calls", "no_tool")
 
     def __init__(self, scorer: HybridScorer, on_scored: Callable[[int, list[Trajectory], list[dict]], None] | None = None,
-                 group_size: int = 1):
+                 group_size: int = 1, sources: Iterable[str] = ()):
         self.scorer = scorer
         self.on_scored = on_scored
         self.names = [k for k in scorer.weights]
         self.group_size = max(1, int(group_size))
+        self.sources = tuple(dict.fromkeys(sources))
+
+    @staticmethod
+    def sources_in(task_json: Iterable[str | dict]) -> tuple[str, ...]:
+        """The sorted distinct `source_of` of a GRPO data set's `task` column (JSON or dicts)."""
+        found = set()
+        for d in task_json:
+            d = json.loads(d) if isinstance(d, str) else d
+            found.add(source_of(Task.from_dict(d)))
+        return tuple(sorted(found))
 
     def _scores(self, completions: list, environments: list[CanvasEnv], trainer_state: Any = None) -> list[dict]:
         fresh: list[Trajectory] = []
@@ -103,6 +148,7 @@ class TRLRewards:
                     s = {k: 0.0 for k in self.names}
                 s = {k: (float(v) if v is not None and math.isfinite(float(v)) else 0.0) for k, v in s.items()}
                 s["hybrid"] = self.scorer.total(s)
+                s.update(rollout_diagnostics(traj))
                 env.scores = s
                 fresh.append(traj)
             out.append(env.scores)
@@ -155,7 +201,16 @@ class TRLRewards:
 
             logged.__name__ = name
             fns.append(logged)
+        for source in self.sources:
+
+            def per_source(completions, environments, trainer_state=None, _source=source, **kwargs):
+                scores = self._scores(completions, environments, trainer_state)
+                return [s["hybrid"] if source_of(trajectory_of(e, c).task) == _source else None
+                        for s, c, e in zip(scores, completions, environments)]
+
+            per_source.__name__ = f"hybrid/{source}"
+            fns.append(per_source)
         return fns
 
     def weights(self) -> list[float]:
-        return [self.scorer.weights[n] for n in self.names] + [0.0] * len(self.LOGGED)
+        return [self.scorer.weights[n] for n in self.names] + [0.0] * (len(self.LOGGED) + len(self.sources))
