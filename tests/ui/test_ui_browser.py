@@ -121,3 +121,26 @@ def test_closing_the_tab_mid_episode_ends_and_keeps_the_session(app, browser, tm
     (session_dir,) = list(runs.iterdir())
     traj = _wait(lambda: (t := Trajectory.load(session_dir)).stop_reason == "user_closed" and t, timeout=30, what="the session to end")
     assert traj.tool_sequence == ["Flip"] and traj.assets.ids() == ["img_1", "Flip_0"]
+
+
+def test_offline_example_fills_the_form_and_runs(app, browser):
+    from selenium.webdriver.common.by import By
+
+    from canvasagent.ui.controller import EXAMPLES
+
+    url, runs = app
+    ex = next(e for e in EXAMPLES if e.command)  # one the user drives with a take-over command
+    browser.get(url)
+    box = _wait(lambda: browser.find_element(By.CSS_SELECTOR, "#example input"), what="the example picker")
+    box.click()
+    _wait(lambda: browser.find_element(By.CSS_SELECTOR, f"#example li[data-testid=dropdown-option][aria-label='{ex.label}']"), what="the example").click()
+    browser.find_element(By.ID, "use-example").click()
+    _wait(lambda: ex.sample in browser.find_element(By.ID, "uploads").text, what="the example photo")
+    assert browser.find_element(By.CSS_SELECTOR, "#instruction textarea").get_attribute("value") == ex.instruction
+    _wait(lambda: browser.find_element(By.CSS_SELECTOR, "#command textarea").get_attribute("value") == ex.command, what="the command")
+    browser.find_element(By.ID, "start").click()
+    _wait(lambda: "img_1" in browser.find_element(By.CSS_SELECTOR, "#asset-ids textarea").get_attribute("value"), what="the session to start")
+    browser.find_element(By.ID, "execute").click()
+    _wait(lambda: browser.find_element(By.CSS_SELECTOR, "#asset-ids textarea").get_attribute("value").split()[-1] == f"{ex.command.split()[0]}_0",
+          what="the example's call to run")
+    assert "you took over" in browser.find_element(By.ID, "transcript").text
