@@ -193,9 +193,10 @@ def _endpoints(cfg: TrainConfig, timeout_s: float) -> list[str]:
         elif tc is not None and tc.client == "ray":
             out += _probe_ray(tc.url, timeout_s)
     if cfg.kind == "grpo" and cfg.grpo.use_vllm and cfg.grpo.vllm_mode == "server":
-        # TRL's VLLMClient default when no base URL is set.
-        url = (cfg.grpo.vllm_server_base_url or "http://0.0.0.0:8000").rstrip("/")
-        out += _probe_http("vLLM server", url, url + "/health/", "", timeout_s)
+        # Without a base URL TRL's client uses vllm_server_host/port (default 0.0.0.0:8000).
+        host, port = cfg.trl_args.get("vllm_server_host", "0.0.0.0"), cfg.trl_args.get("vllm_server_port", 8000)
+        url = (cfg.grpo.vllm_server_base_url or f"http://{host}:{port}").rstrip("/")
+        out += _probe_http("vLLM server", url, url + "/health", "", timeout_s)
     return out
 
 

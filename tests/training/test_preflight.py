@@ -103,6 +103,10 @@ def test_dead_judge_toolserver_and_ray(tmp_path, monkeypatch):
     tools.write_text(f"client: http\nurl: http://127.0.0.1:{port}\n")
     assert preflight(grpo(tmp_path, **{"tools.config": str(tools)})) == [f"toolserver at http://127.0.0.1:{port}: connection refused"]
 
+    monkeypatch.setitem(sys.modules, "vllm", sys)  # "installed": only the server is missing here
+    vllm = grpo(tmp_path, **{"grpo.use_vllm": True, "grpo.vllm_mode": "server", "grpo.vllm_server_base_url": f"http://127.0.0.1:{port}"})
+    assert preflight(vllm) == [f"vLLM server at http://127.0.0.1:{port}: connection refused"]
+
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
     assert preflight(grpo(tmp_path, **{"tools.config": "remote_ray"})) == [f"toolserver (Ray cluster at 127.0.0.1:{port}): connection refused"]
     # SFT on a built dataset runs no tools, so the toolserver is not needed there.
