@@ -12,8 +12,8 @@ Two layouts are read:
 A *group* is the set of rollouts of one prompt: in a GRPO step, the rollouts with the same task
 id (TRL samples `num_generations` completions per prompt); in an eval run, the samples of one
 task. The advantage is recomputed from the dumped hybrid rewards the way GRPO does it: the reward
-minus its group's mean, divided by the group's standard deviation when `scale_rewards` is
-"group" (or the batch's, for "batch"). Eval runs have no advantage.
+minus its group's mean, divided by the group's sample standard deviation when `scale_rewards`
+is "group" (or the batch's, for "batch"). Eval runs have no advantage.
 
 Every file path read from a dump is resolved inside the root; a line pointing elsewhere, a
 missing file or an unreadable line is skipped and reported in `RolloutSet.problems`, never
@@ -113,6 +113,13 @@ def _finite(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def _int(v: Any, default: int) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
 def _read_traj(path: Path) -> dict[str, Any] | None:
     try:
         d = json.loads(path.read_text())
@@ -123,9 +130,9 @@ def _read_traj(path: Path) -> dict[str, Any] | None:
 
 def _errors(traj: dict[str, Any]) -> list[str]:
     out = []
-    for t in traj.get("turns", []):
+    for i, t in enumerate(traj.get("turns", [])):
         if isinstance(t, dict) and t.get("status") not in ("ok", "terminate", None):
-            out.append(f"turn {int(t.get('index', 0)) + 1}: {t.get('error_code') or t.get('status')}: {t.get('error') or ''}".rstrip(": "))
+            out.append(f"turn {_int(t.get('index'), i) + 1}: {t.get('error_code') or t.get('status')}: {t.get('error') or ''}".rstrip(": "))
     return out
 
 
@@ -134,16 +141,19 @@ def _tools(traj: dict[str, Any]) -> list[str]:
 
 
 def advantages(rewards: list[float], groups: list[str], scale: str = "group", eps: float = 1e-4) -> list[float]:
-    """GRPO advantages of `rewards`: minus the group mean, over the group (or batch) std (population std)."""
+    """GRPO advantages of `rewards` as TRL computes them: minus the group mean, then over the
+    group's (or the batch's) sample standard deviation plus `eps`, unless `scale` is "none"."""
     if scale not in SCALES:
         raise ValueError(f"scale_rewards must be one of {', '.join(SCALES)}, not {scale!r}")
     by: dict[str, list[float]] = {}
     for r, g in zip(rewards, groups):
         by.setdefault(g, []).append(r)
 
-    def std(xs: list[float]) -> float:
+    def std(xs: list[float]) -> float:  # with Bessel's correction, like TRL's nanstd
+        if len(xs) < 2:
+            return 0.0
         m = sum(xs) / len(xs)
-        return math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+        return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
     batch_std = std(rewards) if rewards else 0.0
     out = []
@@ -182,7 +192,7 @@ def _load_grpo(root: Path, scale: str) -> RolloutSet:
         try:
             d = json.loads(line)
             step, idx = str(int(d["step"])), int(d["rollout"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):  # OverflowError: int(inf)
             rs.problems.append(f"rollouts.jsonl line {n}: not a rollout record")
             continue
         path = _inside(root, d.get("path"))
@@ -327,7 +337,7 @@ def detail(r: Rollout) -> RolloutDetail:
         status = str(t.get("status") or "")
         if status not in ("ok", "terminate") and t.get("error_code"):
             status = f"{status} ({t['error_code']})"
-        turns.append(TurnView(int(t.get("index", len(turns))) + 1, str(t.get("reason") or ""), call_s, status,
+        turns.append(TurnView(_int(t.get("index"), len(turns)) + 1, str(t.get("reason") or ""), call_s, status,
                               str(t.get("observation") or t.get("error") or ""), files.get(out_id) if isinstance(out_id, str) else None))
     task = d.get("task") or {}
     n_inputs = len(task.get("images") or []) if isinstance(task.get("images"), list) else 0

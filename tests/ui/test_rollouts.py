@@ -27,7 +27,11 @@ def test_real_grpo_dump_step_group_rollout_rewards_and_advantages(grpo_dump):
     assert good.reward > bad.reward
     rewards = [r.reward for r in rs.rollouts]
     mean = sum(rewards) / 4
-    std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / 4)
+    std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / 3)
+    # The trainer logged the same group mean and std for this step (TRL's reward / reward_std).
+    logged = [json.loads(x) for x in (grpo_dump.parent / "metrics.jsonl").read_text().splitlines()]
+    logged = next(h for h in logged if "reward_std" in h)
+    assert logged["reward"] == pytest.approx(mean, abs=1e-5) and logged["reward_std"] == pytest.approx(std, abs=1e-5)
     for r in rs.rollouts:
         assert r.advantage == pytest.approx((r.reward - mean) / (std + 1e-4))
     assert sum(r.advantage for r in rs.rollouts) == pytest.approx(0, abs=1e-9)
@@ -115,3 +119,18 @@ def test_ui_command_refuses_a_folder_that_is_no_dump(tmp_path, capsys):
     assert cli_main(["ui", "--rollouts", str(tmp_path)]) == 2
     err = capsys.readouterr().out
     assert "no GRPO dump" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_hand_edited_trajectory_still_shows(grpo_dump, tmp_path):
+    root = tmp_path / "copy"
+    shutil.copytree(grpo_dump, root)
+    p = root / "step_000000" / "001" / "trajectory.json"
+    d = json.loads(p.read_text())
+    d["turns"][0]["index"] = "x"
+    d["turns"].append("not a turn")
+    d["assets"].append({"id": "../../etc", "file": "../../../etc/passwd"})
+    p.write_text(json.dumps(d))
+    r = next(r for r in R.load(root).rollouts if r.index == 1)
+    assert r.errors and r.errors[0].startswith("turn 1:")
+    det = R.detail(r)
+    assert [t.n for t in det.turns] == [1] and all(str(root) in path for path, _ in det.gallery())
