@@ -19,7 +19,7 @@ from canvasagent.formats.sharegpt import PublicTrajectory
 from canvasagent.policies import ReplayPolicy
 from canvasagent.protocol import parse_reply
 from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory, write_json_atomic
+from canvasagent.trajectory import Trajectory, save_image, write_json_atomic
 from toolserver.registry import REGISTRY, Backend
 from toolserver.toolbox import LocalToolbox, RecordedOutput
 
@@ -121,6 +121,6 @@ def write_report(traj: Trajectory, report: dict[str, Any], out_dir: str | Path) 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for a in traj.assets:
-        a.image.save(out / f"{a.id}.png")
+        save_image(a.image, out / a.id)
     traj.save(out / "trajectory")
     return write_json_atomic(out / "report.json", report)

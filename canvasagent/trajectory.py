@@ -2,15 +2,20 @@
 
 Everything downstream reads this object: the rule reward and judges, the CanvasCraft QC and
 writers, GRPO reward functions, evaluation tables and the UI. It serialises to
-`trajectory.json` plus one PNG per asset, and loads back with its images.
+`trajectory.json` plus one image file per asset (PNG; TIFF for modes PNG cannot hold, such
+as CMYK or float), and loads back with its images.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 from canvasagent.assets import Asset, AssetStore, Provenance
 from canvasagent.imageio import ImageLoadError, open_image, resolve_path
@@ -18,7 +23,44 @@ from canvasagent.protocol import Finding, ToolCall
 from canvasagent.tasks import Task
 from toolserver.registry import OutputKind
 
+log = logging.getLogger(__name__)
+
 SCHEMA_VERSION = 1
+
+
+# Modes PNG stores and reads back unchanged; TIFF holds the rest of what inputs may be (a CMYK
+# JPEG, a float or 32-bit TIFF). Anything else is converted to RGB(A) with a warning.
+_PNG_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA", "I;16", "I;16B"})
+_TIFF_MODES = frozenset({"CMYK", "F", "I", "I;16L", "LAB", "PA"})
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+
+
+def image_suffix(image: Image.Image) -> str:
+    """The file suffix `save_image` uses for `image`: .png, or .tiff for modes PNG cannot hold."""
+    return ".tiff" if image.mode in _TIFF_MODES else ".png"
+
+
+def save_image(image: Image.Image, stem: str | Path) -> Path:
+    """Write `image` as `stem` + `image_suffix(image)` without changing its mode when PNG or
+    TIFF can hold it; other modes (RGBX, YCbCr, HSV, ...) are written as RGB/RGBA PNG."""
+    stem = Path(stem)
+    path = stem.with_name(stem.name + image_suffix(image))
+    if image.mode in _TIFF_MODES:
+        image.save(path, format="TIFF")
+    elif image.mode in _PNG_MODES:
+        image.save(path, format="PNG")
+    else:
+        log.warning("saving a %s image as %s PNG: no lossless format here keeps that mode", image.mode,
+                    "RGBA" if "A" in image.mode.upper() else "RGB")
+        image.convert("RGBA" if "A" in image.mode.upper() else "RGB").save(path, format="PNG")
+    return path
+
+
+def safe_file_name(text: str, max_len: int = 96) -> str:
+    """`text` as one path component: only letters, digits, `_`, `.`, `-`, never `.`/`..` or empty."""
+    name = _SAFE_NAME.sub("_", text)[:max_len].lstrip(".")
+    return name or "_"
 
 
 class TrajectoryLoadError(ValueError):
@@ -96,7 +138,19 @@ class Turn:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Turn":
+        """A turn from `to_dict()` output; a field of the wrong type raises TypeError."""
         call = d.get("call")
+        for k in ("reply", "status"):
+            if not isinstance(d.get(k, ""), str):
+                raise TypeError(f"turn field {k!r} must be a string")
+        for k in ("reason", "error_code", "error", "tool_text", "output_id", "observation"):
+            if not isinstance(d.get(k), (str, type(None))):
+                raise TypeError(f"turn field {k!r} must be a string or null")
+        if not isinstance(d.get("imglist") or [], list) or not all(isinstance(x, str) for x in d.get("imglist") or []):
+            raise TypeError("turn field 'imglist' must be a list of asset IDs")
+        if call is not None and (not isinstance(call, dict) or not isinstance(call.get("name"), str)
+                                 or not isinstance(call.get("arguments") or {}, dict)):
+            raise TypeError("turn field 'call' must be {name: str, arguments: object}")
         return cls(
             index=d["index"],
             reply=d.get("reply", ""),
@@ -170,7 +224,7 @@ class Trajectory:
                     "kind": a.kind.value,
                     "mode": a.image.mode,
                     "size": list(a.size),
-                    "file": f"assets/{a.id}.png",
+                    "file": f"assets/{a.id}{image_suffix(a.image)}",
                     "provenance": a.provenance.to_dict(),
                     "plumbing_only": a.plumbing_only,
                 }
@@ -183,7 +237,9 @@ class Trajectory:
         out = Path(out_dir)
         (out / "assets").mkdir(parents=True, exist_ok=True)
         for a in self.assets:
-            a.image.save(out / "assets" / f"{a.id}.png")
+            if not _SAFE_ID.match(a.id):  # IDs become file names: nothing may point out of assets/
+                raise ValueError(f"asset ID {a.id!r:.80} is not a safe file name")
+            save_image(a.image, out / "assets" / a.id)
         return write_json_atomic(out / "trajectory.json", self.to_dict())
 
     @classmethod
@@ -226,13 +282,22 @@ class Trajectory:
         d = json.loads(p.read_text(encoding="utf-8"))
         if not isinstance(d, dict) or not {"task", "turns"} <= set(d):
             raise TrajectoryLoadError(f"{p}: not a CanvasAgent trajectory (expected an object with 'task' and 'turns')")
+        assets = d.get("assets") or []
+        if not isinstance(assets, list):
+            raise TrajectoryLoadError(f"{p}: 'assets' must be a list")
         images = {}
-        for a in d.get("assets", []):
+        for a in assets:
             if not isinstance(a, dict) or not isinstance(a.get("id"), str) or not isinstance(a.get("file"), str):
                 raise TrajectoryLoadError(f"{p}: every asset needs a string 'id' and 'file'")
+            if not _SAFE_ID.match(a["id"]):
+                raise TrajectoryLoadError(f"{p}: asset ID {a['id']!r:.80} is not a safe name")
             try:
                 file = resolve_path(a["file"], allowed_roots=[p.parent], base=p.parent)
             except ImageLoadError as e:
                 raise TrajectoryLoadError(f"{p}: asset {a['id']}: {e}") from None
             images[a["id"]] = open_image(file)
-        return cls.from_dict(d, images)
+        try:
+            return cls.from_dict(d, images)
+        except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as e:
+            # Any field of the wrong shape: one clear refusal instead of an error from deep inside.
+            raise TrajectoryLoadError(f"{p}: malformed trajectory ({type(e).__name__}: {str(e)[:200]})") from None

@@ -23,6 +23,7 @@ from typing import Iterable
 
 from canvasagent.imageio import ImageLoadError, open_image, resolve_path
 from canvasagent.tasks import Task
+from canvasagent.trajectory import safe_file_name, save_image
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,21 @@ LABEL_AXES = ("reasoning", "length", "diversity")  # the paper's R/L/D axes
 
 def task_from_record(rec: dict[str, Any], base: Path, index: int = 0, allowed_roots: Iterable[str | Path] | None = None) -> Task:
     """One record as a `Task`; image paths resolve against `base` and must stay inside
-    `allowed_roots` (default: `base`)."""
-    roots = None if allowed_roots is None else [Path(r) for r in allowed_roots]
+    `allowed_roots` (default: `base`). A record of the wrong shape raises `TaskLoadError`."""
+    if not isinstance(rec, dict):
+        raise TaskLoadError(f"task {index}: expected an object, got {type(rec).__name__}")
+    try:
+        task = _task_from_record(rec, base, index, None if allowed_roots is None else [Path(r) for r in allowed_roots])
+        if not isinstance(task.instruction, str) or not isinstance(task.id, str):
+            raise TaskLoadError(f"task {index}: the instruction and the id must be strings")
+        return task
+    except (TaskLoadError, ImageLoadError):
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as e:
+        raise TaskLoadError(f"task {index}: malformed record ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _task_from_record(rec: dict[str, Any], base: Path, index: int, roots: list[Path] | None) -> Task:
     if "prompt" in rec and "instruction" not in rec:  # public CanvasCraft-RL record (ours adds checks/labels)
         extra = dict(rec.get("extra_info") or {})
         checks = extra.pop("checks", None) or []
@@ -166,17 +180,14 @@ def write_tasks(tasks: list[Task], out_dir: str | Path) -> Path:
     for t in tasks:
         rec = t.to_dict()
         paths = []
+        stem = safe_file_name(t.id)  # task IDs come from data: never a path out of images/
         for i, img in enumerate(t.images, 1):
-            rel = f"images/{t.id}_{i}.png"
-            img.save(out / rel)
-            paths.append(rel)
+            paths.append(f"images/{save_image(img, out / 'images' / f'{stem}_{i}').name}")
         rec["images"] = paths
         refs = []
         for k, ref in enumerate(t.meta.get("reference_images") or []):
             if hasattr(ref, "save"):  # a PIL reference image is stored beside the inputs
-                rel = f"images/{t.id}_reference_{k}.png"
-                ref.save(out / rel)
-                ref = rel
+                ref = f"images/{save_image(ref, out / 'images' / f'{stem}_reference_{k}').name}"
             refs.append(str(ref))
         if refs:
             rec["meta"] = {**rec["meta"], "reference_images": refs}

@@ -19,7 +19,7 @@ from PIL import Image
 
 from canvasagent.imageio import DEFAULT_MAX_INPUT_PIXELS, load_image
 from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.trajectory import Trajectory, safe_file_name, save_image
 
 IMAGE_TOKEN = "<image>"
 _ROLE_ALIASES = {
@@ -202,8 +202,8 @@ def to_record(traj: Trajectory, image_dir: str | Path, image_prefix: str | None 
     images: list[str] = []
 
     def save(asset_id: str) -> None:
-        fname = f"{traj.task.id}_{asset_id}.png"
-        traj.assets.get(asset_id).image.save(image_dir / fname)
+        # Task IDs come from data: as file names they keep only safe characters.
+        fname = save_image(traj.assets.get(asset_id).image, image_dir / safe_file_name(f"{traj.task.id}_{asset_id}")).name
         images.append(f"{prefix}/{fname}" if prefix else fname)
 
     input_ids = traj.assets.input_ids()
