@@ -60,6 +60,7 @@ QUESTIONS: list[tuple[str, str, str, str]] = [
     ("scripted:expected", "Does the policy crop to the region it is asked for?", "no", "construction"),
     ("scripted:terminate", "Does the policy mirror images when asked to?", "no", "construction"),
     ("ImageGeneration", "Can ImageGeneration render legible text?", "cannot evaluate", "construction"),
+    ("Grounding", "Does Grounding find the red rectangle?", "cannot evaluate", "construction"),
 ]
 
 
@@ -109,11 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     grid = sum(r["grid_probes"] for r in rows)
     grid_known = [r for r in rows if r["grid_answer"] != "–"]
     grid_correct = sum(r["grid_answer"] == r["known"] for r in grid_known)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "?"
+    code = ["canvasagent/evaluation/agent", "configs/eval_agent", "benchmarks/eval_agent.py"]
+    commit = subprocess.run(["git", "log", "-1", "--format=%h", "--", *code], capture_output=True, text=True).stdout.strip() or "?"
+    if subprocess.run(["git", "status", "--porcelain", "--", *code], capture_output=True, text=True).stdout.strip():
+        commit += " plus uncommitted changes"
     lines = [
         "# Evaluation agent benchmark",
         "",
-        f"`OMP_NUM_THREADS=1 .venv/bin/python benchmarks/eval_agent.py` at commit {commit}, tools config `{args.tools_config}`, "
+        f"`OMP_NUM_THREADS=1 .venv/bin/python benchmarks/eval_agent.py`, agent code at commit {commit}, tools config `{args.tools_config}`, "
         f"{platform.processor() or platform.machine()}, {time.perf_counter() - t_all:.0f} s in all.",
         "",
         f"**Agent: {correct}/{n} correct ({100 * correct / max(n, 1):.0f} %), {probes} probes; fixed grid: {grid} probes"

@@ -13,6 +13,7 @@ from PIL import Image
 
 from canvasagent.cli import main as cli_main
 from canvasagent.evaluation.agent import AgentConfig, build_agent
+from canvasagent.evaluation.agent.planner import check_llm_plan, parse_json_object
 from canvasagent.evaluation.agent.probes import SUITES, TEXT_HEIGHT, Output, char_accuracy, contrast_ratio
 from canvasagent.evaluation.agent.search import SearchConfig, axis_decision, set_decision
 from canvasagent.evaluation.agent.types import Evidence
@@ -257,6 +258,33 @@ def test_llm_planner_invalid_plan_or_endpoint_down_falls_back():
     spec = f"openai:planner@http://127.0.0.1:{free_port()}/v1?max_retries=0&timeout_s=2"
     res = build_agent("Flip", None, planner=spec).run("Does Flip mirror horizontally?")
     assert res.plan.source.startswith("offline-fallback (planner endpoint failed") and res.answer == "yes"
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12),
+                     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4), max_leaves=12)
+_plan_keys = st.sampled_from(["property", "conditions", "axis", "asked", "thought", "text_height", "rotation", "bg"])
+_plan_vals = st.one_of(_json, st.sampled_from(list(SUITES) + ["text_height", "contrast", "rotation"]),
+                       st.dictionaries(st.sampled_from(["text_height", "rotation", "contrast", "fg", "bg", "scale", "direction", "angle", "position"]), _json, max_size=3))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_plan_keys, _plan_vals, max_size=5), st.sampled_from(["OCR", "Flip", "Rotate", "scripted:expected"]))
+def test_llm_plan_checker_takes_only_what_the_vocabulary_allows(obj, target):
+    offline = parse_question("Does it work on small text?", target, TERMS)
+    plan, why = check_llm_plan(obj, offline)
+    if plan is None:
+        assert why
+        return
+    assert plan.property in SUITES and plan.source == "openai"
+    if plan.axis:
+        axis = SUITES[plan.property].axes[plan.axis]
+        assert plan.asked is None or all(axis.lo <= a <= axis.hi for a in plan.asked)
+
+
+@given(st.text(max_size=300))
+def test_parse_json_object_never_raises(text):
+    obj = parse_json_object(text)
+    assert obj is None or isinstance(obj, dict)
 
 
 # --------------------------------------------------------------------------------------- CLI

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any, Protocol
 
 from canvasagent.evaluation.agent.probes import SUITES
@@ -122,7 +123,8 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
 
 
 def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    """A finite number, else None (JSON from a model may hold NaN or Infinity)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return float(v)
 
@@ -149,7 +151,7 @@ _CONDITION_CHECK = {
 def check_llm_plan(obj: dict[str, Any], offline: Plan) -> tuple[Plan | None, str]:
     """The model's plan if every field checks out against the vocabulary, else (None, why)."""
     prop = obj.get("property")
-    if prop not in SUITES:
+    if not isinstance(prop, str) or prop not in SUITES:
         return None, f"unknown property {str(prop)[:40]!r}"
     tool = PROPERTY_TOOL[prop]
     if offline.target_kind != "policy" and tool != offline.target and not (offline.target == "Rotate" and prop.startswith("rotation")):
@@ -163,7 +165,7 @@ def check_llm_plan(obj: dict[str, Any], offline: Plan) -> tuple[Plan | None, str
             return None, f"condition {str(k)[:30]}={str(v)[:30]} is not in the vocabulary"
     axis = obj.get("axis")
     axes = SUITES[prop].axes
-    if axis is not None and axis not in axes:
+    if axis is not None and (not isinstance(axis, str) or axis not in axes):
         return None, f"axis {str(axis)[:30]!r} is not an axis of {prop}"
     asked = obj.get("asked")
     if asked is not None:
