@@ -226,6 +226,7 @@ class Tally:
         self.uncaught: Counter[tuple[str, str, str]] = Counter()
         self.invariant: Counter[tuple[str, str]] = Counter()
         self.examples: dict[Any, str] = {}
+        self.cpu0 = self.cpu_s = 0.0
 
     def crash(self, stage: str, e: BaseException, case: Any) -> None:
         tb = traceback.extract_tb(e.__traceback__)
@@ -400,6 +401,7 @@ def run(cases: int, seed: int, hybrid_every: int, progress_every: int = 10000) -
     pipe = Pipeline(work, hybrid_every)
     names, weights = zip(*KINDS)
     t0 = time.perf_counter()
+    tally.cpu0 = time.process_time()
     try:
         for i in range(cases):
             kind = g.r.choices(names, weights)[0]
@@ -411,6 +413,7 @@ def run(cases: int, seed: int, hybrid_every: int, progress_every: int = 10000) -
     finally:
         pipe.close()
         shutil.rmtree(work, ignore_errors=True)
+    tally.cpu_s = time.process_time() - tally.cpu0
     return tally, time.perf_counter() - t0
 
 
@@ -424,8 +427,9 @@ def report(tally: Tally, seconds: float, seed: int, hybrid_every: int, commit: s
         f"Commit `{commit}`, seed {seed}, one process (OMP_NUM_THREADS=1), hybrid reward on every "
         f"{hybrid_every}th episode.",
         "",
-        f"**{n:,} cases, {unc} uncaught exceptions, {inv} broken invariants** in {seconds:.0f} s "
-        f"({n / max(seconds, 1e-9):.0f} cases/s).",
+        f"**{n:,} cases, {unc} uncaught exceptions, {inv} broken invariants** in {seconds:.0f} s wall, "
+        f"{tally.cpu_s:.0f} s CPU ({n / max(tally.cpu_s, 1e-9):.0f} cases per CPU second; the machine was shared, "
+        "so wall time is longer than CPU time).",
         "",
         "| case kind | cases |",
         "|---|---:|",
@@ -467,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(text, encoding="utf-8", errors="backslashreplace")
     n = sum(tally.cases.values())
     unc = sum(tally.uncaught.values())
-    print(f"cases: {n}  uncaught exceptions: {unc}  broken invariants: {sum(tally.invariant.values())}  ({seconds:.0f} s)")
+    print(f"cases: {n}  uncaught exceptions: {unc}  broken invariants: {sum(tally.invariant.values())}  "
+          f"({seconds:.0f} s wall, {tally.cpu_s:.0f} s CPU)")
     for (stage, exc, where), c in tally.uncaught.most_common(10):
         print(f"  {c:6d}  {stage}: {exc} at {where}")
     for (_, what), c in tally.invariant.most_common(10):
