@@ -178,6 +178,9 @@ class UIController:
                 note = " _(arguments edited by you)_" if who == "edited" else ""
                 msgs.append({"role": "assistant", "content": [_text(
                     f"**Turn {t.index + 1}** — reason: {_md(t.reason) or '_(none)_'}  \ncall: {call}{note}")]})
+            if t.error_code == "user_rejected":  # the user's decision, not a tool's observation
+                msgs.append({"role": "user", "content": [_text(f"✗ **you rejected turn {t.index + 1}** — {_md(t.error or '')}")]})
+                continue
             if t.status == "terminate":
                 obs = "↳ finished"
             elif t.status == "ok":

@@ -86,6 +86,8 @@ def test_propose_then_approve_edit_or_reject(tmp_path):
     ctl.propose(st)
     v = ctl.reject(st, "no more crops")
     assert "rejected: no more crops" in v.log_md and v.asset_ids[-1] == "Crop_0"
+    assert v.transcript[-1]["role"] == "user" and "you rejected turn 3" in v.transcript[-1]["content"][0]["text"]
+    assert "no more crops" in v.transcript[-1]["content"][0]["text"]
     traj = st.session.trajectory
     assert [t.status for t in traj.turns] == ["ok", "ok", "error"] and traj.turns[-1].error_code == "user_rejected"
 
