@@ -53,9 +53,16 @@ def one_line(e: BaseException) -> str:
     if m and config_choices(m.group(1)):
         # A mistyped config name: name the valid ones instead of the paths that were tried.
         return f"error: {text.split(' (looked for', 1)[0]}; choose a YAML path or one of: {config_choices(m.group(1))}"
-    if isinstance(e, (OSError, ValueError)) or type(e).__module__.startswith("yaml"):
+    if not _unexpected(e):
         return f"error: {text}" if text else f"error: {type(e).__name__}"
     return f"error: {type(e).__name__}: {text}" if text else f"error: {type(e).__name__}"
+
+
+def _unexpected(e: BaseException) -> bool:
+    """A built-in error other than a bad file or value (KeyError, TypeError, ...): likely a bug,
+    so the message names the type and points at --debug. Errors of our own and of libraries
+    carry messages written for users."""
+    return type(e).__module__ == "builtins" and not isinstance(e, (OSError, ValueError))
 
 
 def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
@@ -70,6 +77,6 @@ def run_command(func: Callable[[argparse.Namespace], int | None], args: argparse
         if getattr(args, "debug", False):
             raise
         print(one_line(e), file=sys.stderr)
-        if not isinstance(e, (OSError, ValueError)) and not getattr(e, "problems", None):
+        if _unexpected(e):
             print("(run again with --debug for the traceback)", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ import sys
 import time
 
 from canvasagent.cli.common import add_tools_config_arg
+from canvasagent.cli.errors import one_line
 
 log = logging.getLogger("canvasagent.eval")
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                 judge_model=args.judge_model, judge_url=args.judge_url,
             )
         except (PolicySpecError, TaskLoadError, ScorerUnavailable, OSError) as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(one_line(e), file=sys.stderr)
             return 2
     log.info("eval: %d/%d tasks done in %.1f s (%d with errors); report %s", outcome.n_done, outcome.n_tasks,
              time.monotonic() - t0, seen["errors"], outcome.paths["markdown"])

@@ -60,6 +60,15 @@ def test_unexpected_errors_are_two_lines(capsys):
     with pytest.raises(RuntimeError):
         run_command(boom, argparse.Namespace(debug=True))
 
+    class ServiceDown(RuntimeError):  # errors of our own carry messages written for users: one line
+        pass
+
+    def down(args):
+        raise ServiceDown("judge at http://127.0.0.1:8100/v1: connection refused")
+
+    assert run_command(down, argparse.Namespace()) == 2
+    assert _err_lines(capsys) == ["error: judge at http://127.0.0.1:8100/v1: connection refused"]
+
 
 def test_third_party_info_is_quiet_by_default(capsys, caplog):
     logging.getLogger("httpx").setLevel(logging.NOTSET)
