@@ -21,7 +21,7 @@ MAX_ABS_NUMBER = 1e6
 # Longest text argument (a prompt, Overlayer text, a grounding phrase) accepted, in characters.
 # Real prompts are a few hundred characters; rendering or encoding megabytes of text is how one
 # reply stalls a tool server. The serving config's `limits.max_text_chars` overrides it there.
-DEFAULT_MAX_TEXT_CHARS = 4096
+DEFAULT_MAX_TEXT_CHARS = 2048
 
 
 class Profile(str, Enum):
