@@ -180,3 +180,39 @@ def test_constraints_pin_every_dependency_inside_its_range():
     assert next(r for r in reqs if r.name == "trl").specifier.contains("1.17.0") is False  # private TRL API: bounded
     setup = (root / "scripts" / "setup.sh").read_text()
     assert f"torch=={pins['torch']}" in setup and setup.count("-c constraints.txt") == 2
+
+
+# -- writers: every input mode is saved, no ID becomes a path out of the folder -----------------
+
+
+def test_inputs_png_cannot_hold_round_trip_through_save(tmp_path):
+    import numpy as np
+
+    cmyk = Image.fromarray(np.arange(4 * 6 * 4, dtype=np.uint8).reshape(4, 6, 4), "CMYK")
+    f32 = Image.fromarray(np.linspace(-1.5, 3.25, 24, dtype=np.float32).reshape(4, 6), "F")
+    i32 = Image.fromarray(np.arange(24, dtype=np.int32).reshape(4, 6) * 100_000, "I")  # PNG would cut it to 16 bits
+    task = Task("flip", [cmyk, f32, i32], id="modes")
+    replies = ['<reason>r</reason><tool_call>{"name": "Flip", "arguments": {"image": "img_1"}}</tool_call>']
+    traj = run_episode(ReplayPolicy(replies), task, LocalToolbox(profile=Profile.CANVASCRAFT), EpisodeConfig(max_turns=2))
+    back = Trajectory.load(traj.save(tmp_path / "t"))
+    for a in traj.assets:
+        b = back.assets.get(a.id).image
+        assert (b.mode, b.tobytes()) == (a.image.mode, a.image.tobytes()), a.id
+    assert {"img_1.tiff", "img_2.tiff", "img_3.tiff"} <= {p.name for p in (tmp_path / "t" / "assets").iterdir()}
+
+
+def test_hostile_ids_never_become_paths_out_of_the_folder(tmp_path):
+    from canvasagent.evaluation.tasks_io import write_tasks
+    from canvasagent.formats.sharegpt import to_record
+
+    traj = run_episode(ReplayPolicy([]), Task("x", [gradient(4, 4)], id="../../evil/x"), LocalToolbox(), EpisodeConfig(max_turns=1))
+    rec = to_record(traj, tmp_path / "pub" / "images", image_prefix="images")
+    assert all(p.startswith("images/") and p.count("/") == 1 and (tmp_path / "pub" / p).is_file() for p in rec["images"])
+    write_tasks([traj.task], tmp_path / "split")
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "pub" / "evil").exists()
+    assert load_tasks(tmp_path / "split")[0].id == "../../evil/x"  # the ID itself is kept, only file names are safe
+    d = json.loads(traj.save(tmp_path / "t").read_text())
+    d["assets"][0]["id"] = "../../evil"
+    (tmp_path / "t" / "trajectory.json").write_text(json.dumps(d))
+    with pytest.raises(TrajectoryLoadError, match="not a safe name"):
+        Trajectory.load(tmp_path / "t")
