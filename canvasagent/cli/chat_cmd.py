@@ -30,7 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_paint(args: argparse.Namespace) -> int:
-    from canvasagent.interactive.paint import PaintCommandError, PaintSession, load_reference, paint_chat
+    from canvasagent.interactive.paint import (
+        PaintCommandError,
+        PaintSession,
+        load_reference,
+        paint_chat,
+    )
 
     out = args.out or f"runs/paint-{time.strftime('%Y%m%d-%H%M%S')}"
     try:

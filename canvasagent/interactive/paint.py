@@ -170,8 +170,7 @@ class PaintSession:
         if not ref.exists():
             Image.fromarray(render.to_uint8(self.reference)).save(ref)
         with open(self.out_dir / "strokes.jsonl", "w") as fh:
-            for e in self.canvas_session.history:
-                fh.write(json.dumps({"step": e.step, "name": e.tool, "arguments": e.arguments, "ok": e.ok, "message": e.message}) + "\n")
+            fh.writelines(json.dumps({"step": e.step, "name": e.tool, "arguments": e.arguments, "ok": e.ok, "message": e.message}) + "\n" for e in self.canvas_session.history)
         if self.canvas_session.s_curve:
             from canvasagent.easel.bench import plot_single_curve
 

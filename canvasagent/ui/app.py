@@ -20,8 +20,16 @@ from typing import Any
 
 from canvasagent.interactive.paint import EXAMPLE_STROKE, SAMPLES
 from canvasagent.ui import rollouts as R
-from canvasagent.ui.controller import EXAMPLES, PaintController, PaintState, UIConfig, UIController, UIState, View, example_files
-
+from canvasagent.ui.controller import (
+    EXAMPLES,
+    PaintController,
+    PaintState,
+    UIConfig,
+    UIController,
+    UIState,
+    View,
+    example_files,
+)
 
 ALL = "(all)"  # the Step and Group pickers' "no filter" choice
 

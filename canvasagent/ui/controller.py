@@ -16,9 +16,10 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from PIL import Image
 
@@ -444,7 +445,11 @@ class PaintController:
         return str(out)
 
     def start(self, st: PaintState, sample: str | None, upload: str | None, budget: Any, size: Any) -> PaintView:
-        from canvasagent.interactive.paint import PaintCommandError, PaintSession, load_reference
+        from canvasagent.interactive.paint import (
+            PaintCommandError,
+            PaintSession,
+            load_reference,
+        )
 
         try:
             ref = load_reference(upload or sample or "", int(size or 128))

@@ -54,11 +54,11 @@ def browser():
 for _k, _v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TRL_EXPERIMENTAL_SILENCE", "1")):
     os.environ.setdefault(_k, _v)
 
-from tests.fixtures_models import tiny_qwen3vl_dir  # noqa: E402,F401  (session fixture)
+from tests.fixtures_models import tiny_qwen3vl_dir  # noqa: F401  (session fixture)
 
 
 @pytest.fixture(scope="session")
-def grpo_dump(tmp_path_factory, tiny_qwen3vl_dir):  # noqa: F811
+def grpo_dump(tmp_path_factory, tiny_qwen3vl_dir):  # noqa: F811  (the fixture above)
     """The `trajectories/` dump of one real tiny GRPO step (one group of 4 rollouts; see grpo_dump.py)."""
     from tests.ui.grpo_dump import run_tiny_grpo
 

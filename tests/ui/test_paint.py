@@ -6,11 +6,18 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from canvasagent.cli import main as cli_main
 from canvasagent.easel import render
-from canvasagent.interactive.paint import EXAMPLE_STROKE, PaintCommandError, PaintSession, load_reference, parse_command
+from canvasagent.interactive.paint import (
+    EXAMPLE_STROKE,
+    PaintCommandError,
+    PaintSession,
+    load_reference,
+    parse_command,
+)
 
 
 def test_parse_command_forms_and_refusals():

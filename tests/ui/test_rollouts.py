@@ -7,7 +7,8 @@ import math
 import shutil
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from canvasagent.ui import rollouts as R
@@ -55,7 +56,6 @@ def test_real_grpo_dump_step_group_rollout_rewards_and_advantages(grpo_dump):
 
 
 def test_eval_run_layout_and_samples(tmp_path):
-    from canvasagent.trajectory import Trajectory  # noqa: F401  (the layout is the runner's own)
     from canvasagent.evaluation.runner import EvalConfig, EvalRunner
     from canvasagent.policies.spec import PolicyFactory
     from canvasagent.tasks import Task

@@ -128,7 +128,7 @@ def test_offline_example_fills_the_form_and_runs(app, browser):
 
     from canvasagent.ui.controller import EXAMPLES
 
-    url, runs = app
+    url, _ = app
     ex = next(e for e in EXAMPLES if e.command)  # one the user drives with a take-over command
     browser.get(url)
     box = _wait(lambda: browser.find_element(By.CSS_SELECTOR, "#example input"), what="the example picker")

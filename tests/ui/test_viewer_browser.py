@@ -80,7 +80,7 @@ def test_paint_tab_stroke_undo_submit(tmp_path, browser):
         budget.clear()
         budget.send_keys("3")
         browser.find_element(By.ID, "paint-start").click()
-        status = lambda: browser.find_element(By.CSS_SELECTOR, "#paint-status textarea").get_attribute("value")  # noqa: E731
+        status = lambda: browser.find_element(By.CSS_SELECTOR, "#paint-status textarea").get_attribute("value")
         _wait(lambda: "step 0/3" in status(), what="the painting to start")
         browser.find_element(By.ID, "paint-go").click()
         _wait(lambda: "step 1/3" in status() and "1 stroke(s)" in status(), what="one stroke")
