@@ -72,17 +72,21 @@ def _files(cfg: TrainConfig) -> list[str]:
     if cfg.data.format not in ("scripted", "easel"):
         p = cfg.resolve(cfg.data.path)
         if p is None or not p.exists():
-            hint = {"canvascraft": f" (build it with `python -m canvascraft build-{'rl' if cfg.kind == 'grpo' else 'sft'} --out DIR`)",
-                    "mixed": " (build it with `python -m canvascraft build-sft --out DIR`)",
-                    "easel-data": " (build it with `canvasagent easel data --out DIR`)"}.get(cfg.data.format, "")
+            build = f" (build it with `python -m canvascraft build-{'rl' if cfg.kind == 'grpo' else 'sft'} --out DIR`)"
+            hint = {"canvascraft": build, "mixed": build, "easel-data": " (build it with `canvasagent easel data --out DIR`)"}.get(cfg.data.format, "")
             out.append(f"data.path: {cfg.data.path} does not exist{hint}")
     if cfg.kind == "grpo" and cfg.run.init_from:
-        out += _checkpoint("run.init_from", cfg.run.init_from, cfg)
+        # An SFT checkpoint folder: it has to be here already (a Hub id only when cached).
+        out += _checkpoint("run.init_from", cfg.run.init_from, cfg, download=False)
     elif cfg.model.name_or_path != TINY:
         out += _checkpoint("model.name_or_path", cfg.model.name_or_path, cfg)
     if cfg.kind == "grpo" and cfg.grpo.judge == "local":
-        judge_model = _reward_config(cfg).judges.local.model
-        out += _checkpoint("the local judge's model", judge_model, cfg) if judge_model else ["the local judge has no model (judges.local.model)"]
+        try:
+            judge_model = _reward_config(cfg).judges.local.model
+        except (OSError, ValueError) as e:
+            out.append(f"grpo.reward_preset: {' '.join(str(e).split())}")
+        else:
+            out += _checkpoint("the local judge's model", judge_model, cfg) if judge_model else ["the local judge has no model (judges.local.model)"]
     try:
         validate_launcher(cfg)
     except (OSError, ValueError) as e:
@@ -97,8 +101,9 @@ def _files(cfg: TrainConfig) -> list[str]:
     return out
 
 
-def _checkpoint(field_name: str, ref: str, cfg: TrainConfig) -> list[str]:
-    """A local checkpoint dir must exist; a Hub id must be in the local cache when offline."""
+def _checkpoint(field_name: str, ref: str, cfg: TrainConfig, download: bool = True) -> list[str]:
+    """A local checkpoint dir must exist (with its config.json); a Hub id must be in the local
+    cache unless `download` is allowed and HF_HUB_OFFLINE is not set."""
     p = cfg.resolve(ref)
     if p is not None and p.exists():
         return [] if (p / "config.json").exists() or not p.is_dir() else [f"{field_name}: {ref} has no config.json (not a checkpoint folder)"]
@@ -112,8 +117,10 @@ def _checkpoint(field_name: str, ref: str, cfg: TrainConfig) -> list[str]:
         cached = False
     if cached:
         return []
+    if not download:
+        return [f"{field_name}: {ref} does not exist (neither a local folder nor a cached Hub model)"]
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        return [f"{field_name}: {ref} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"]
+        return [f"{field_name}: {ref} is neither a local folder nor in the local Hugging Face cache, and HF_HUB_OFFLINE is set"]
     log.info("preflight: %s %s is not cached; the run will download it from the Hub", field_name, ref)
     return []
 

@@ -60,7 +60,7 @@ def test_clean_config_has_no_problems(tmp_path):
     assert preflight(grpo(tmp_path)) == []
 
 
-def test_missing_data_and_checkpoint(tmp_path, capsys):
+def test_missing_data_and_checkpoint(tmp_path, capsys, monkeypatch):
     cfg = TrainConfig.load("sft_tiny_cpu", {"run.output_dir": str(tmp_path), "data.format": "canvascraft", "data.path": str(tmp_path / "nope")})
     (problem,) = preflight(cfg)
     assert problem.startswith("data.path:") and str(tmp_path / "nope") in problem and "build-sft" in problem
@@ -72,6 +72,10 @@ def test_missing_data_and_checkpoint(tmp_path, capsys):
     assert problems == [f"run.init_from: {ckpt} does not exist"]
     ckpt.mkdir()  # a folder without config.json is not a checkpoint either
     assert "no config.json" in preflight(grpo(tmp_path, **{"run.init_from": str(ckpt)}))[0]
+    # A relative folder that looks like a Hub id is not downloaded for init_from, online or not.
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert preflight(grpo(tmp_path, **{"run.init_from": "runs_nowhere/final"})) == [
+        "run.init_from: runs_nowhere/final does not exist (neither a local folder nor a cached Hub model)"]
 
     # The CLI: JSON on stdout with ok false, the list on stderr, exit 1.
     rc = main(["sft", "--config", "sft_tiny_cpu", "--dry-run", "--output-dir", str(tmp_path), "--set", "data.format=canvascraft",
