@@ -1,4 +1,4 @@
-"""`canvasagent easel ...`: score, paint, bench and data for the EASEL brush environment."""
+"""`canvasagent easel ...`: score, paint, draw (you paint), bench and data for the EASEL brush environment."""
 from __future__ import annotations
 
 import argparse
@@ -65,6 +65,20 @@ def cmd_paint(args: argparse.Namespace) -> int:
     d = sess.diagnostics()
     (out / "summary.json").write_text(json.dumps({"seconds": res.seconds, **d.as_dict()}, indent=2))
     print(f"final S={d.final:.4f} best={d.best:.4f} AUC={d.auc:.4f} in {res.seconds:.1f}s -> {out}")
+    return 0
+
+
+def cmd_draw(args: argparse.Namespace) -> int:
+    """You paint: one stroke per line, with the step, S and the saved canvas after each."""
+    import time
+
+    from canvasagent.interactive.paint import PaintCommandError, PaintSession, load_reference, paint_chat
+    out = args.out or f"runs/paint-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        ps = PaintSession(load_reference(args.ref, args.size), args.budget, out_dir=out)
+    except PaintCommandError as e:
+        raise SystemExit(f"error: {e}") from None
+    paint_chat(ps)
     return 0
 
 
@@ -143,7 +157,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("easel", help="EASEL brush environment: score, paint, bench, data")
+    p = subparsers.add_parser("easel", help="EASEL brush environment: score, paint, draw, bench, data")
     sub = p.add_subparsers(dest="easel_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
@@ -161,6 +175,13 @@ def register(subparsers) -> None:
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--config", default=None, help="EASEL yaml (default configs/easel/default.yaml)")
     s.set_defaults(func=cmd_paint)
+
+    s = sub.add_parser("draw", help="paint a reference yourself, stroke by stroke (S after every stroke; undo, submit)")
+    s.add_argument("ref", help="an image file or a scikit-image sample: astronaut, chelsea, coffee, rocket")
+    s.add_argument("--budget", type=int, default=20, help="steps: every stroke and undo costs one")
+    s.add_argument("--size", type=int, default=128, help="canvas side in pixels")
+    s.add_argument("--out", default=None, help="folder for canvas.png, s_curve.png, strokes.jsonl (default runs/paint-<time>)")
+    s.set_defaults(func=cmd_draw)
 
     s = sub.add_parser("bench", help="reconstruction (Table 3 style) or semantic-task benchmark")
     s.add_argument("--policy", required=True,

@@ -74,3 +74,11 @@ def test_chat_easel_paints_stroke_by_stroke(tmp_path, monkeypatch, capsys):
     assert "unknown command 'nonsense'" in text and text.count("S=") >= 4 and "step 3/3" in text and "out of budget" in text
     assert (out / "canvas.png").exists() and not np.allclose(np.asarray(__import__("PIL.Image").Image.open(out / "canvas.png")), 255)
     assert cli_main(["chat", "--easel", "no_such_image.png", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_easel_draw_is_the_same_loop(tmp_path, monkeypatch, capsys):
+    answers = iter([json.dumps(EXAMPLE_STROKE), "submit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(answers))
+    assert cli_main(["easel", "draw", "rocket", "--budget", "5", "--size", "24", "--out", str(tmp_path / "d")]) == 0
+    text = capsys.readouterr().out
+    assert "step 1/5" in text and "submitted" in text and (tmp_path / "d" / "s_curve.png").exists()
