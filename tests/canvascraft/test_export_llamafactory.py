@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from PIL import Image
 
 from canvascraft import formats
@@ -119,3 +120,28 @@ def test_dataset_info_keeps_other_entries_and_refuses_junk(tmp_path):
     with pytest.raises(ValueError, match="not valid JSON"):
         formats.write_dataset_info(tmp_path, "sharegpt.json")
     assert (tmp_path / "dataset_info.json").read_text() == "[1, 2"  # nothing lost
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                           lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(existing=st.one_of(json_values.map(json.dumps), st.text(max_size=30)))
+def test_any_existing_dataset_info_is_merged_or_refused(tmp_path, existing):
+    # Whatever a dataset folder already holds: merged when it is a JSON object, else refused untouched.
+    path = tmp_path / "dataset_info.json"
+    path.write_text(existing)
+    try:
+        parsed = json.loads(existing)
+    except json.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict):
+        formats.write_dataset_info(tmp_path, "sharegpt.json")
+        info = json.loads(path.read_text())
+        assert info["canvascraft_sft"] == formats.llamafactory_entry("sharegpt.json")
+        assert {k: v for k, v in info.items() if k != "canvascraft_sft"} == {k: v for k, v in parsed.items() if k != "canvascraft_sft"}
+    else:
+        with pytest.raises(ValueError):
+            formats.write_dataset_info(tmp_path, "sharegpt.json")
+        assert path.read_text() == existing
