@@ -23,6 +23,7 @@ from canvascraft.chains import Chain
 from canvascraft.formats import dump_checks, png
 from canvascraft.plan import Plan, make_plan
 from canvascraft.sft import ChainPolicy, bump, missing_backends, pick_inputs, quality_control
+from rewards.checks import CheckContext, run_check
 from toolserver.registry import REGISTRY, Backend
 
 LEVELS = ("easy", "medium", "hard")
@@ -164,7 +165,7 @@ def _draw(shares: dict[str, float], rng: random.Random) -> str:
 
 
 def new_rl_stats() -> dict[str, Any]:
-    return {"slots": 0, "attempts": 0, "kept": 0, "rejected": {}, "target_missed": 0, "reasoning": {}, "length": {}, "diversity": {}, "tones": {}, "steps": {}, "chains": {}, "checks": {}, "with_reference": 0}
+    return {"slots": 0, "attempts": 0, "kept": 0, "rejected": {}, "target_missed": 0, "reasoning": {}, "length": {}, "diversity": {}, "tones": {}, "steps": {}, "chains": {}, "checks": {}, "with_reference": 0, "checks_dropped": 0}
 
 
 def build_rl_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -202,6 +203,7 @@ def build_rl_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str, 
             stats["target_missed"] += 1
         rows.append(best["row"])
         stats["kept"] += 1
+        stats["checks_dropped"] += best["checks_dropped"]
         for ax in ("reasoning", "length", "diversity"):
             bump(stats[ax], labels[ax])
         bump(stats["tones"], best["row"]["tone"])
@@ -226,7 +228,7 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
         "length": length_level(len(chain.tools)),
         "diversity": diversity_level(chain.distinct_tools),
     }
-    reference, reference_calls, ocr_answer = None, None, None
+    reference, reference_calls, ocr_answer, traj = None, None, None, None
     if not missing_backends(chain, ctx.toolbox):
         # Conditions do not change the reference solution: each holds by construction.
         task = Task(instruction, [i.image for i in inputs], id="reference", expected_tools=list(chain.tools))
@@ -246,6 +248,9 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
         elif text and chain.tools[-1] == "OCR":
             return "reference_unreadable"  # the task's answer is not what its tool can read
     checks = checks_for(plan, reference is not None, ocr_answer if chain.tools[-1] == "OCR" else None)
+    n_before = len(checks)
+    if traj is not None:
+        checks = [c for c in checks if c["type"] == "reference_similarity" or _reference_passes(traj, c, ctx.toolbox)]
     row = {
         "id": f"rl-{job.split}-{job.seed}-{slot:06d}",
         "split": job.split,
@@ -261,7 +266,14 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
         "reference_calls": reference_calls,
         **labels,
     }
-    return {"row": row, "labels": labels}
+    return {"row": row, "labels": labels, "checks_dropped": n_before - len(checks)}
+
+
+def _reference_passes(traj: Trajectory, check: dict[str, Any], toolbox: Any) -> bool:
+    """A check the reference solution does not pass (text the Overlayer drew past the image edge,
+    so OCR reads only part of it) measures the tool's limits, not the instruction: it is dropped."""
+    r = run_check(CheckContext(traj, toolbox), check)
+    return r.verifiable and r.passed
 
 
 def task_of(row: dict[str, Any]) -> Task:

@@ -11,7 +11,7 @@ from canvascraft.build import load_manifest
 
 log = logging.getLogger(__name__)
 
-_SUMMED = ("slots", "attempts", "kept", "target_missed", "with_reference")
+_SUMMED = ("slots", "attempts", "kept", "target_missed", "with_reference", "checks_dropped")
 
 
 def _merge(into: dict[str, Any], part: dict[str, Any]) -> None:
