@@ -103,7 +103,7 @@ def _show(value: Any, n: int = 80) -> str:
     """`repr(value)` cut to `n` characters; never raises (an int past Python's digit limit has no repr)."""
     try:
         text = repr(value)
-    except Exception:  # ValueError from int -> str over sys.get_int_max_str_digits(), or a hostile __repr__
+    except Exception:  # noqa: BLE001 - ValueError from int -> str past the digit limit, or any hostile __repr__
         text = f"<{type(value).__name__} without a printable form>"
     return text[:n]
 

@@ -16,7 +16,8 @@ import zlib
 
 import httpx
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from canvasagent.episode import Episode
@@ -29,7 +30,12 @@ from toolserver.limits import Limits, check_request, json_depth_exceeds, pixel_c
 from toolserver.registry import REGISTRY, ArgType
 from toolserver.request import ToolRequest
 from toolserver.results import ToolError, ToolResult
-from toolserver.serve_config import HttpConfig, ServeConfig, ServeConfigError, check_bind
+from toolserver.serve_config import (
+    HttpConfig,
+    ServeConfig,
+    ServeConfigError,
+    check_bind,
+)
 from toolserver.toolbox import LocalToolbox
 from toolserver.validation import DEFAULT_MAX_TEXT_CHARS, Profile, validate_call
 from toolserver.wire import WireRequest

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from toolserver import http_codec
 from toolserver.backends import BACKEND_FACTORIES
 from toolserver.client import HttpToolbox, RayToolbox, RetryPolicy
-from toolserver import http_codec
 from toolserver.http_codec import BadRequest, decode_image, encode_image, result_to_json
 from toolserver.registry import Backend, OutputKind, model_backed
 from toolserver.request import ToolRequest
@@ -155,7 +155,11 @@ def test_slots_placement_pins_each_replica_to_its_planned_gpu():
 
 
 def test_other_placements_and_their_checks():
-    from toolserver.serve_config import missing_node_resources, node_resources, ray_actor_options
+    from toolserver.serve_config import (
+        missing_node_resources,
+        node_resources,
+        ray_actor_options,
+    )
 
     nodes = ServeConfig.from_dict({**_paper(), "placement": "nodes"})
     opts = ray_actor_options(nodes, nodes.tools["SAM"])
@@ -573,7 +577,6 @@ def _ray_box(handle, shm: bool = False) -> RayToolbox:
 
 def test_ray_client_retries_dead_replicas_and_maps_timeouts():
     from ray.exceptions import ActorDiedError
-
     from ray.serve.exceptions import DeploymentUnavailableError
 
     ok = WireResult.pack(ToolResult(True, "flipped"))
