@@ -1,4 +1,4 @@
-"""Pipeline report: metrics table (Markdown + JSON) and curves (PNG)."""
+"""Pipeline report: metrics table (Markdown + JSON), GRPO training diagnostics and curves (PNG)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,45 @@ def _history(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+# The per-step GRPO diagnostics the report summarises (keys of grpo/metrics.jsonl; see
+# training.callbacks.PANELS for where each comes from).
+DIAGNOSTICS = (
+    "reward", "reward_std", "frac_reward_zero_std", "tools/call_frequency", "rewards/no_tool/mean",
+    "rewards/format_validity/mean", "completions/mean_length", "kl", "entropy", "clip_ratio/region_mean",
+    "rewards/judge_fallbacks/mean",
+)
+
+
+def diagnostics_summary(history: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
+    """Per diagnostic over the logged GRPO steps: the mean of the first and of the last `window`
+    steps that have a finite value, and its min and max; plus the steps flagged `tool_collapse`
+    and the per-source hybrid means (`rewards/hybrid/<source>/mean`). Empty without GRPO steps."""
+    import math
+
+    steps = [h for h in history if "reward" in h]
+    if not steps:
+        return {}
+    keys = list(DIAGNOSTICS) + sorted({k for h in steps for k in h if k.startswith("rewards/hybrid/") and k.endswith("/mean")})
+    out: dict[str, Any] = {"n_steps": len(steps), "window": window, "metrics": {},
+                           "tool_collapse_steps": [h.get("step") for h in steps if h.get("tool_collapse")]}
+    for k in keys:
+        ys = [float(h[k]) for h in steps if isinstance(h.get(k), (int, float)) and math.isfinite(float(h[k]))]
+        if ys:
+            head, tail = ys[:window], ys[-window:]
+            out["metrics"][k] = {"first": sum(head) / len(head), "last": sum(tail) / len(tail), "min": min(ys), "max": max(ys)}
+    return out
+
+
+def diagnostics_table(summary: dict[str, Any]) -> str:
+    if not summary.get("metrics"):
+        return ""
+    w = summary["window"]
+    lines = [f"| diagnostic | first {w} steps | last {w} steps | min | max |", "|---|---|---|---|---|"]
+    for k, m in summary["metrics"].items():
+        lines.append(f"| {k} | {m['first']:.3f} | {m['last']:.3f} | {m['min']:.3f} | {m['max']:.3f} |")
+    return "\n".join(lines)
+
+
 def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
     from canvasagent.training.callbacks import plot_curves
 
@@ -47,7 +86,9 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
     table_s, rows_s = metrics_table(results, "metrics_sampled", " [sampled]")
     rows.update(rows_s)
     sft_png = plot_curves(_history(out / "sft" / "metrics.jsonl"), out / "report" / "sft_curves.png", "SFT")
-    grpo_png = plot_curves(_history(out / "grpo" / "metrics.jsonl"), out / "report" / "grpo_curves.png", "GRPO rewards")
+    grpo_history = _history(out / "grpo" / "metrics.jsonl")
+    grpo_png = plot_curves(grpo_history, out / "report" / "grpo_curves.png", "GRPO")
+    diagnostics = diagnostics_summary(grpo_history)
     timings = {k: v.get("seconds") for k, v in results.items() if v}
     peak_rss = {k: v.get("peak_rss_mb") for k, v in results.items() if v and v.get("peak_rss_mb") is not None}
     md = [
@@ -70,14 +111,20 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
     ]
     if peak_rss:
         md += ["Peak RSS of the pipeline process per stage (MB): " + ", ".join(f"{k} {v}" for k, v in peak_rss.items()), ""]
+    if diagnostics.get("metrics"):
+        collapsed = diagnostics["tool_collapse_steps"]
+        md += [f"GRPO training diagnostics over {diagnostics['n_steps']} logged steps (grpo/metrics.jsonl); "
+               + (f"tool use collapsed at steps {', '.join(map(str, collapsed))}:" if collapsed else "no tool-use collapse:"),
+               "", diagnostics_table(diagnostics), ""]
     if sft_png:
         md.append("![SFT curves](sft_curves.png)")
     if grpo_png:
-        md.append("![GRPO reward curves](grpo_curves.png)")
+        md.append("![GRPO training diagnostics](grpo_curves.png)")
     (out / "report").mkdir(parents=True, exist_ok=True)
     md_path = out / "report" / "report.md"
     md_path.write_text("\n".join(md) + "\n")
     json_path = out / "report" / "metrics.json"
-    json_path.write_text(json.dumps({"metrics": rows, "timings": timings, "peak_rss_mb": peak_rss}, indent=2))
+    json_path.write_text(json.dumps({"metrics": rows, "timings": timings, "peak_rss_mb": peak_rss,
+                                     "grpo_diagnostics": diagnostics}, indent=2))
     return {"markdown": str(md_path), "json": str(json_path), "curves": [str(p) for p in (sft_png, grpo_png) if p],
             "metrics": rows}

@@ -238,3 +238,32 @@ def test_panels_name_only_known_diagnostics():
     titles = [t for t, _ in PANELS]
     assert len(titles) == len(set(titles))
     assert curve_panels([]) == {} and curve_panels([{"step": 1, "loss": float("nan")}]) == {}
+
+
+def test_pipeline_report_summarises_the_diagnostics(run, tmp_path):
+    from canvasagent.training.report import write_report
+
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "metrics.jsonl").write_text((run.out / "metrics.jsonl").read_text())
+    out = write_report(tmp_path, {"grpo": {"seconds": 1.0}})
+    summary = json.loads(Path(out["json"]).read_text())["grpo_diagnostics"]
+    logs = _train_logs(run)
+    assert summary["n_steps"] == STEPS and summary["tool_collapse_steps"] == []
+    m = summary["metrics"]
+    assert m["rewards/no_tool/mean"] == {"first": 0.5, "last": 0.5, "min": 0.5, "max": 0.5}
+    assert m["reward"]["first"] == pytest.approx(_mean([h["reward"] for h in logs]))
+    assert m["kl"]["max"] == pytest.approx(max(h["kl"] for h in logs))
+    assert "rewards/hybrid/scripted/mean" in m and "rewards/hybrid/absent/mean" not in m
+    md = Path(out["markdown"]).read_text()
+    assert "no tool-use collapse" in md and "| frac_reward_zero_std |" in md and "grpo_curves.png" in md
+
+
+def test_source_of_a_task():
+    from canvasagent.tasks import Task
+
+    assert source_of(Task("x", meta={"source": "scripted", "chain": "Crop"})) == "scripted"  # the loader's word wins
+    assert source_of(Task("x", meta={"chain": "Crop+Flip"})) == "canvascraft"
+    assert source_of(Task("x", meta={"easel": {"kind": "reconstruction"}})) == "easel"
+    assert source_of(Task("x", family="gui")) == "gui"
+    rows = [json.dumps(Task("a", meta={"chain": "Crop"}).to_dict()), Task("b", meta={"source": "scripted"}).to_dict()]
+    assert TRLRewards.sources_in(rows) == ("canvascraft", "scripted")
