@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import struct
 import threading
 import time
@@ -290,6 +291,39 @@ def test_a_replica_validates_every_request_like_the_episode_runner(tool, args, c
     out = asyncio.run(replica(WireRequest.pack(ToolRequest(tool, args, {"image": _photo()})))).unpack()
     assert not out.ok and out.error_code == code, out.text
     assert check_request(ToolRequest(tool, args, {"image": _photo()}), Limits(), 10**8)[1].error_code == code
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(10**500), max_value=10**500) | st.floats() | st.text(max_size=30),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(tool=st.sampled_from(sorted(REGISTRY) + ["Nope"]), args=st.dictionaries(st.text(max_size=12), _json_values, max_size=5), with_image=st.booleans())
+def test_check_request_refuses_or_normalises_any_arguments(tool, args, with_image):
+    spec = REGISTRY.get(tool)
+    images = {a.name: _photo(8, 8) for a in (spec.args if spec else ()) if a.type is ArgType.ASSET} if with_image else {}
+    checked, refusal = check_request(ToolRequest(tool, args, images), Limits(), 10**6)
+    assert (checked is None) != (refusal is None)
+    if refusal is not None:
+        assert not refusal.ok and refusal.error_code
+    else:  # normalised arguments pass again, unchanged: the replica re-checks what the ingress passed
+        again, second = check_request(checked, Limits(), 10**6)
+        assert second is None and again.args == checked.args
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(st.binary(max_size=200), _json_values.map(lambda v: json.dumps({"args": v, "images": {}}).encode())))
+def test_the_http_parser_answers_any_body_with_a_request_or_a_bad_request(body):
+    from toolserver.serve_app import _parse_request
+
+    for ctype in (http_codec.JSON_CONTENT_TYPE, http_codec.RAW_CONTENT_TYPE):
+        try:
+            _parse_request("Crop", body, 10**6, ctype)
+        except BadRequest as e:
+            assert e.code in ("bad_request", "bad_image", "json_too_deep", "too_many_pixels")
 
 
 def test_a_served_request_is_normalised_before_its_tool_runs():
