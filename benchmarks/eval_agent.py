@@ -37,7 +37,7 @@ if __name__ == "__main__" and not sys.flags.safe_path and (Path(__file__).resolv
     # there would shadow the toolserver package: run again in safe-path mode (python -P).
     os.execv(sys.executable, [sys.executable, "-P", __file__, *sys.argv[1:]])
 
-from canvasagent.evaluation.agent import build_agent  # noqa: E402
+from canvasagent.evaluation.agent import build_agent
 
 # (target, question, known answer, where the known answer comes from)
 QUESTIONS: list[tuple[str, str, str, str]] = [
@@ -130,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         mark = "" if r["correct"] else " ✗"
         lines.append(f"| {r['i']} | {r['target']} | {r['question']} | {r['known']} ({r['source']}) | {r['answer']}{mark} | {r['boundary']} | "
                      f"{r['probes']} | {r['grid_probes']} | {r['grid_answer']} | {r['s']:.1f} |")
-    lines += ["", "Probes: generated inputs each measured against its ground truth (see `canvasagent/evaluation/agent/probes.py`). "
+    lines += ["", "Known answers marked `construction` follow from the tool's or policy's code alone; those marked `grid` are the "
+              "fixed grid's dense measurement of a model (OCR, SR), so for them the agent's accuracy is its agreement with the "
+              "grid, reached with fewer probes.",
+              "", "Probes: generated inputs each measured against its ground truth (see `canvasagent/evaluation/agent/probes.py`). "
               "The grid probes every value of the axis grid (2 words each) or `set_max` inputs per setting; the agent stops when "
               "the evidence settles the answer (`canvasagent/evaluation/agent/search.py`). Run dirs (result.json, summary.md, "
               f"probes/) were under `{root}`."]

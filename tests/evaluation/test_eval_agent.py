@@ -8,14 +8,25 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from canvasagent.cli import main as cli_main
 from canvasagent.evaluation.agent import AgentConfig, build_agent
 from canvasagent.evaluation.agent.planner import check_llm_plan, parse_json_object
-from canvasagent.evaluation.agent.probes import SUITES, TEXT_HEIGHT, Output, char_accuracy, contrast_ratio
-from canvasagent.evaluation.agent.search import SearchConfig, axis_decision, set_decision
+from canvasagent.evaluation.agent.probes import (
+    SUITES,
+    TEXT_HEIGHT,
+    Output,
+    char_accuracy,
+    contrast_ratio,
+)
+from canvasagent.evaluation.agent.search import (
+    SearchConfig,
+    axis_decision,
+    set_decision,
+)
 from canvasagent.evaluation.agent.types import Evidence
 from canvasagent.evaluation.agent.vocab import parse_question
 from tests.stub_openai import StubOpenAI, chat_payload, free_port

@@ -24,9 +24,21 @@ from typing import Any
 
 from canvasagent.config import find_config, load_yaml
 from canvasagent.evaluation.agent.export import ea_cot_records
-from canvasagent.evaluation.agent.planner import LLMPlanner, OfflinePlanner, Planner, observation_text
+from canvasagent.evaluation.agent.planner import (
+    LLMPlanner,
+    OfflinePlanner,
+    Planner,
+    observation_text,
+)
 from canvasagent.evaluation.agent.probes import SUITES
-from canvasagent.evaluation.agent.search import Decision, SearchConfig, axis_decision, grid_decision, grid_size, set_decision
+from canvasagent.evaluation.agent.search import (
+    Decision,
+    SearchConfig,
+    axis_decision,
+    grid_decision,
+    grid_size,
+    set_decision,
+)
 from canvasagent.evaluation.agent.target import NOT_CONFIGURED, Target
 from canvasagent.evaluation.agent.types import AgentResult, Evidence, Plan, Round
 
@@ -43,7 +55,7 @@ class AgentConfig:
     seed: int = 0
 
     @classmethod
-    def load(cls, name_or_path: str = "default") -> "AgentConfig":
+    def load(cls, name_or_path: str = "default") -> AgentConfig:
         data = load_yaml(find_config(name_or_path, "eval_agent")) or {}
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known

@@ -30,8 +30,9 @@ from __future__ import annotations
 import math
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -261,7 +262,7 @@ def _make_legibility(cond: dict[str, Any], index: int, settings: dict[str, Any])
     canvas.paste(layer, (x, y), layer)
     truth = {"word": word, "cap_height_px": cap_h, "rotation_deg": angle, "fg": list(fg), "bg": list(bg),
              "contrast_ratio": round(contrast_ratio(fg, bg), 3), "box": [x, y, x + layer.width, y + layer.height]}  # type: ignore[arg-type]
-    return Case([canvas], {}, f"Read the text in the image.", ["OCR"], truth)
+    return Case([canvas], {}, "Read the text in the image.", ["OCR"], truth)
 
 
 def _measure_legibility(case: Case, out: Output, settings: dict[str, Any]) -> tuple[dict[str, float], bool]:

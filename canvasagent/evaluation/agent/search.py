@@ -79,7 +79,7 @@ def axis_decision(axis: Axis, asked: list[float] | None, evidence: list[Evidence
     if missing:
         return Decision(None, None, [{"value": v} for v in missing], False, "the ends of the asked range are not probed yet", table)
 
-    key = lambda v: sign * v  # noqa: E731  (larger key = easier)
+    key = lambda v: sign * v
     passes = sorted((v for v, s in status.items() if s == "pass"), key=key)
     fails = sorted((v for v, s in status.items() if s == "fail"), key=key)
     violated = [(f, p) for f in fails for p in passes if key(p) < key(f)]
@@ -125,7 +125,7 @@ def axis_decision(axis: Axis, asked: list[float] | None, evidence: list[Evidence
         m = axis.clip(math.sqrt(a * b) if a > 0 and b > 0 else (a + b) / 2)
         return None if m in by else m
 
-    in_range = lambda v: min(lo, hi) <= v <= max(lo, hi)  # noqa: E731
+    in_range = lambda v: min(lo, hi) <= v <= max(lo, hi)
     extra = sum(1 for v in by if not in_range(v))
     if p_star is not None and f_star is not None:
         if bracketed(p_star, f_star):
