@@ -194,6 +194,61 @@ def test_grpo_reward_is_the_evaluation_score_of_the_same_trajectory(run):
     assert len(compared) == STEPS * N_GEN and len(set(round(x, 6) for x in compared)) > 1  # not one constant
 
 
+def _replayed(run, tmp_path, which):
+    """Each selected rollout's replies replayed through the evaluation runner on the same task:
+    (GRPO trajectory, GRPO scores, evaluation trajectory, evaluation scores) per rollout."""
+    from dataclasses import replace
+
+    from canvasagent.evaluation.runner import EvalConfig, EvalRunner
+    from canvasagent.trajectory import Trajectory
+    from canvasagent.training.evaluate import training_scorer
+    from canvasagent.training.rewarding import make_scorer
+
+    rollouts = [(t, s) for trajs, scores in run.scored for i, (t, s) in enumerate(zip(trajs, scores)) if which(i)]
+    tasks, replies = [], {}
+    for k, (traj, _) in enumerate(rollouts):
+        task = replace(traj.task, id=f"{traj.task.id}__rollout{k}")
+        tasks.append(task)
+        replies[task.id] = [t.reply for t in traj.turns]
+
+    class Replay:
+        name = "replay"
+
+        def for_task(self, task):
+            queue = list(replies[task.id])
+            return SimpleNamespace(name="replay", act=lambda messages, episode: queue.pop(0) if queue else "")
+
+    g = run.cfg.grpo
+    toolbox = run.ws.env_cls.toolbox()
+    cfg = EvalConfig(workers=1, max_turns=g.max_turns, resume=False, tools_in_system_prompt=False)
+    runner = EvalRunner(Replay(), training_scorer(make_scorer(g.reward_preset, g.judge, toolbox)), tmp_path, cfg, toolbox=toolbox)
+    results = runner.run(tasks)
+    return [(traj, s, Trajectory.load(runner._dir(task)), res.scores)
+            for (traj, s), task, res in zip(rollouts, tasks, results)]
+
+
+def test_replaying_a_tool_rollout_through_evaluation_gives_its_trajectory_and_reward(run, tmp_path):
+    """The forced rollouts (a Flip call, then a reply up to the turn budget): the evaluation
+    runner fed the same replies records the same turns and scores the GRPO reward."""
+    pairs = _replayed(run, tmp_path, lambda i: i % 2 == 0)
+    assert len(pairs) == STEPS * N_GEN // 2
+    for traj, s, ev, ev_scores in pairs:
+        assert ev.tool_sequence == traj.tool_sequence == ["Flip"]
+        assert [t.status for t in ev.turns] == [t.status for t in traj.turns]
+        assert ev.stop_reason == traj.stop_reason == "max_turns"
+        assert ev_scores["hybrid"] == pytest.approx(s["hybrid"], abs=1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason="a GRPO rollout ends at its first reply without a tool call (stop "
+                   "no_terminate), while evaluation answers that reply with an error observation and asks "
+                   "again until the turn budget: the same replies give a different trajectory")
+def test_replaying_a_rollout_without_a_tool_call_through_evaluation_gives_its_trajectory(run, tmp_path):
+    pairs = _replayed(run, tmp_path, lambda i: i % 2 == 1)
+    assert pairs
+    for traj, s, ev, ev_scores in pairs:
+        assert ev.stop_reason == traj.stop_reason and len(ev.turns) == len(traj.turns)
+
+
 def test_rollout_prompt_is_the_evaluation_prompt_byte_for_byte(run, tmp_path, monkeypatch):
     """The prompt tokens TRL generated each rollout from equal the tokens the evaluation runner
     (`training.evaluate.evaluate_model`) feeds the policy on the first turn of the same task."""
