@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 # `entropy`, `clip_ratio/*`, `completions/*`, `tools/*` and `rewards/<reward function>/{mean,std}`),
 # the logged-only reward functions of `training.rewarding.TRLRewards`, and the trainer's `loss`.
 # Two stand-ins: COMPONENTS/mean and COMPONENTS/std are the reward components' keys, and
-# "rewards/hybrid/*" is every per-source hybrid. Panels without data are left out.
+# "rewards/<name>/*" is every per-source `<name>/<source>` (TRLRewards.PER_SOURCE). Panels
+# without data are left out.
 COMPONENTS = "COMPONENTS"
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loss", ("loss",)),
@@ -30,7 +31,8 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward std per component", ("reward_std", f"{COMPONENTS}/std")),
     ("groups without reward spread", ("frac_reward_zero_std",)),
     ("tool use", ("tools/call_frequency", "rewards/tool_calls/mean", "rewards/no_tool/mean", "tools/failure_frequency")),
-    ("format validity", ("rewards/format_validity/mean",)),
+    ("no-tool share per source", ("rewards/no_tool/*",)),
+    ("format validity", ("rewards/format_validity/mean", "rewards/format_validity/*")),
     ("completion length (tokens)", ("completions/mean_length",)),
     ("KL and entropy", ("kl", "entropy")),
     ("clip ratio", ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")),
@@ -57,9 +59,8 @@ def ema(ys: list[float], weight: float = EMA_WEIGHT) -> list[float]:
 def _component_keys(keys: list[str], stat: str) -> list[str]:
     from canvasagent.training.rewarding import TRLRewards
 
-    diagnostic = {f"rewards/{n}/{stat}" for n in TRLRewards.LOGGED}
-    return [k for k in keys if k.startswith("rewards/") and k.endswith(f"/{stat}") and k not in diagnostic
-            and not k.startswith("rewards/hybrid/")]
+    diagnostic = tuple(f"rewards/{n}/" for n in (*TRLRewards.LOGGED, *TRLRewards.PER_SOURCE))
+    return [k for k in keys if k.startswith("rewards/") and k.endswith(f"/{stat}") and not k.startswith(diagnostic)]
 
 
 def curve_panels(history: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -71,8 +72,8 @@ def curve_panels(history: list[dict[str, Any]]) -> dict[str, list[str]]:
         for p in patterns:
             if p.startswith(COMPONENTS):
                 matches = _component_keys(keys, p.rsplit("/", 1)[1])
-            elif p.endswith("*"):
-                matches = [k for k in keys if k.startswith(p[:-1]) and k.endswith("/mean")]
+            elif p.endswith("*"):  # per source: rewards/<name>/<source>/mean
+                matches = [k for k in keys if k.startswith(p[:-1]) and k.endswith("/mean") and k.count("/") == 3]
             else:
                 matches = [p]
             chosen += [k for k in matches if k not in chosen and _series(history, k)[0]]

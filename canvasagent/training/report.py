@@ -51,13 +51,16 @@ DIAGNOSTICS = (
 def diagnostics_summary(history: list[dict[str, Any]], window: int = 5) -> dict[str, Any]:
     """Per diagnostic over the logged GRPO steps: the mean of the first and of the last `window`
     steps that have a finite value, and its min and max; plus the steps flagged `tool_collapse`
-    and the per-source hybrid means (`rewards/hybrid/<source>/mean`). Empty without GRPO steps."""
+    and the per-source means (`rewards/<hybrid|format_validity|no_tool>/<source>/mean`). Empty
+    without GRPO steps."""
     import math
 
     steps = [h for h in history if "reward" in h]
     if not steps:
         return {}
-    keys = list(DIAGNOSTICS) + sorted({k for h in steps for k in h if k.startswith("rewards/hybrid/") and k.endswith("/mean")})
+    per_source = ("rewards/hybrid/", "rewards/format_validity/", "rewards/no_tool/")
+    keys = list(DIAGNOSTICS) + sorted({k for h in steps for k in h
+                                       if k.startswith(per_source) and k.endswith("/mean") and k.count("/") == 3})
     out: dict[str, Any] = {"n_steps": len(steps), "window": window, "metrics": {},
                            "tool_collapse_steps": [h.get("step") for h in steps if h.get("tool_collapse")]}
     for k in keys:

@@ -111,12 +111,13 @@ class TRLRewards:
     step without them entering the reward) are diagnostics of the rollout itself:
     `format_validity` (share of its turns without a format finding), `tool_calls` (calls recorded
     in its trajectory, i.e. what the reward saw), `no_tool` (1 when it called no tool), and for
-    each name in `sources` a `hybrid/<source>` function: the hybrid total for rollouts of that
-    source (`source_of`) and None for the others, which TRL turns into NaN and leaves out of the
-    mean.
+    each name in `sources` one `<value>/<source>` function per value in `PER_SOURCE` (the hybrid
+    total, format validity, the no-tool flag): the value for rollouts of that source
+    (`source_of`) and None for the others, which TRL turns into NaN and leaves out of the mean.
     """
 
     LOGGED = ("judge_fallbacks", "format_validity", "tool_calls", "no_tool")
+    PER_SOURCE = ("hybrid", "format_validity", "no_tool")
 
     def __init__(self, scorer: HybridScorer, on_scored: Callable[[int, list[Trajectory], list[dict]], None] | None = None,
                  group_size: int = 1, sources: Iterable[str] = ()):
@@ -202,15 +203,17 @@ class TRLRewards:
             logged.__name__ = name
             fns.append(logged)
         for source in self.sources:
+            for name in self.PER_SOURCE:
 
-            def per_source(completions, environments, trainer_state=None, _source=source, **kwargs):
-                scores = self._scores(completions, environments, trainer_state)
-                return [s["hybrid"] if source_of(trajectory_of(e, c).task) == _source else None
-                        for s, c, e in zip(scores, completions, environments)]
+                def per_source(completions, environments, trainer_state=None, _source=source, _name=name, **kwargs):
+                    scores = self._scores(completions, environments, trainer_state)
+                    return [s[_name] if source_of(trajectory_of(e, c).task) == _source else None
+                            for s, c, e in zip(scores, completions, environments)]
 
-            per_source.__name__ = f"hybrid/{source}"
-            fns.append(per_source)
+                per_source.__name__ = f"{name}/{source}"
+                fns.append(per_source)
         return fns
 
     def weights(self) -> list[float]:
-        return [self.scorer.weights[n] for n in self.names] + [0.0] * (len(self.LOGGED) + len(self.sources))
+        n_logged = len(self.LOGGED) + len(self.PER_SOURCE) * len(self.sources)
+        return [self.scorer.weights[n] for n in self.names] + [0.0] * n_logged

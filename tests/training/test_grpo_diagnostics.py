@@ -108,11 +108,15 @@ def test_logged_functions_are_the_rollouts_own_values(run):
         assert 0.0 < h["rewards/format_validity/mean"] < 1.0
         assert all(source_of(t.task) == "scripted" for t in trajs)
         assert h["rewards/hybrid/scripted/mean"] == pytest.approx(_mean([s["hybrid"] for s in scores]), abs=1e-5)
-        assert h["rewards/hybrid/absent/mean"] is None  # all None -> NaN -> no value, not 0
+        assert h["rewards/format_validity/scripted/mean"] == h["rewards/format_validity/mean"]
+        assert h["rewards/no_tool/scripted/mean"] == h["rewards/no_tool/mean"]
+        for name in TRLRewards.PER_SOURCE:
+            assert h[f"rewards/{name}/absent/mean"] is None  # all None -> NaN -> no value, not 0
         # Logged-only functions stay out of the reward: it is the weighted components alone.
         weights = dict(zip(run.trainer.reward_func_names, run.trainer.reward_weights.tolist()))
-        logged = [n for n in weights if n in TRLRewards.LOGGED or n.startswith("hybrid/")]
-        assert sorted(logged) == sorted([*TRLRewards.LOGGED, "hybrid/scripted", "hybrid/absent"])
+        logged = [n for n in weights if n in TRLRewards.LOGGED or "/" in n]
+        per_source = [f"{n}/{s}" for s in ("scripted", "absent") for n in TRLRewards.PER_SOURCE]
+        assert sorted(logged) == sorted([*TRLRewards.LOGGED, *per_source])
         assert all(weights[n] == 0.0 for n in logged)
         weighted = [sum(s[k] * w for k, w in weights.items() if k not in logged) for s in scores]
         assert h["reward"] == pytest.approx(_mean(weighted), abs=1e-5)
@@ -141,15 +145,17 @@ def test_curves_draw_every_diagnostic_panel(run):
     history = [json.loads(x) for x in (run.out / "metrics.jsonl").read_text().splitlines()]
     panels = curve_panels(history)
     want = {"loss", "reward (mean per component)", "reward per source (hybrid)", "reward std per component",
-            "groups without reward spread", "tool use", "format validity", "completion length (tokens)",
+            "groups without reward spread", "tool use", "no-tool share per source", "format validity", "completion length (tokens)",
             "KL and entropy", "clip ratio", "judge fallbacks"}
     assert want <= set(panels), want - set(panels)
     assert panels["reward per source (hybrid)"] == ["rewards/hybrid/scripted/mean"]  # `absent` has no value
     assert set(panels["reward (mean per component)"]) == {"reward", *(f"rewards/{c}/mean" for c in ("align", "aes", "traj", "rule"))}
     assert "rewards/no_tool/mean" in panels["tool use"] and "tools/call_frequency" in panels["tool use"]
+    assert panels["no-tool share per source"] == ["rewards/no_tool/scripted/mean"]
+    assert panels["format validity"] == ["rewards/format_validity/mean", "rewards/format_validity/scripted/mean"]
     assert {"kl", "entropy"} == set(panels["KL and entropy"])
     png = Image.open(run.out / "curves.png")
-    assert png.height > 3 * 3.3 * 80 * 0.9  # 11 panels in 3 columns: at least 4 rows
+    assert png.height > 3 * 3.3 * 80 * 0.9  # 12 panels in 3 columns: 4 rows
     assert ema([1.0, 0.0, 0.0]) == pytest.approx([1.0, 0.8, 0.64])
 
 
@@ -309,6 +315,7 @@ def test_pipeline_report_summarises_the_diagnostics(run, tmp_path):
     assert m["reward"]["first"] == pytest.approx(_mean([h["reward"] for h in logs]))
     assert m["kl"]["max"] == pytest.approx(max(h["kl"] for h in logs))
     assert "rewards/hybrid/scripted/mean" in m and "rewards/hybrid/absent/mean" not in m
+    assert m["rewards/no_tool/scripted/mean"]["last"] == 0.5
     md = Path(out["markdown"]).read_text()
     assert "no tool-use collapse" in md and "| frac_reward_zero_std |" in md and "grpo_curves.png" in md
 
