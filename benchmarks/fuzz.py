@@ -28,6 +28,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -227,6 +228,7 @@ class Tally:
         self.invariant: Counter[tuple[str, str]] = Counter()
         self.examples: dict[Any, str] = {}
         self.cpu0 = self.cpu_s = 0.0
+        self.interrupted = False
 
     def crash(self, stage: str, e: BaseException, case: Any) -> None:
         tb = traceback.extract_tb(e.__traceback__)
@@ -234,7 +236,10 @@ class Tally:
         where = f"{Path(ours[-1].filename).name}:{ours[-1].lineno} {ours[-1].name}" if ours else "?"
         key = (stage, type(e).__name__, where)
         self.uncaught[key] += 1
-        self.examples.setdefault(key, f"{type(e).__name__}: {str(e)[:200]}\ninput: {repr(case)[:300]}")
+        if key not in self.examples:
+            self.examples[key] = f"{type(e).__name__}: {str(e)[:200]}\ninput: {repr(case)[:300]}"
+            print(f"new uncaught: {key}\n{self.examples[key]}\n{''.join(traceback.format_tb(e.__traceback__)[-3:])}",
+                  file=sys.stderr, flush=True)
 
     def broken(self, what: str, detail: str) -> None:
         key = ("invariant", what)
@@ -402,6 +407,10 @@ def run(cases: int, seed: int, hybrid_every: int, progress_every: int = 10000) -
     names, weights = zip(*KINDS)
     t0 = time.perf_counter()
     tally.cpu0 = time.process_time()
+    def stop(signum, frame):  # SIGTERM ends the run early; the report covers the cases done
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         for i in range(cases):
             kind = g.r.choices(names, weights)[0]
@@ -410,6 +419,10 @@ def run(cases: int, seed: int, hybrid_every: int, progress_every: int = 10000) -
             if progress_every and (i + 1) % progress_every == 0:
                 n_unc = sum(tally.uncaught.values())
                 print(f"  {i + 1:,} cases, {n_unc} uncaught, {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        tally.interrupted = True
+        kind_done = tally.cases[kind] - 1  # the case under way when the run stopped is not counted
+        tally.cases[kind] = kind_done
     finally:
         pipe.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -429,7 +442,7 @@ def report(tally: Tally, seconds: float, seed: int, hybrid_every: int, commit: s
         "",
         f"**{n:,} cases, {unc} uncaught exceptions, {inv} broken invariants** in {seconds:.0f} s wall, "
         f"{tally.cpu_s:.0f} s CPU ({n / max(tally.cpu_s, 1e-9):.0f} cases per CPU second; the machine was shared, "
-        "so wall time is longer than CPU time).",
+        "so wall time is longer than CPU time)" + (", stopped early by SIGTERM/Ctrl-C." if tally.interrupted else "."),
         "",
         "| case kind | cases |",
         "|---|---:|",

@@ -27,7 +27,10 @@ def _inside(path: Path, roots: Iterable[Path]) -> bool:
 
 
 def resolve_path(path: str | Path, allowed_roots: Iterable[str | Path] | None = None, base: str | Path | None = None) -> Path:
-    """Resolve `path` (relative to `base`), refusing anything that escapes the allowed roots."""
+    """Resolve `path` (relative to `base`), refusing anything that escapes the allowed roots
+    (and any path no file system can hold, such as one with a NUL byte) with `ImageLoadError`."""
+    if "\x00" in str(path) or (base is not None and "\x00" in str(base)):
+        raise ImageLoadError(f"{str(path)[:80]!r} is not a valid path (it contains a NUL byte)")
     p = Path(path)
     if not p.is_absolute() and base is not None:
         p = Path(base) / p
