@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
 from canvasagent.training.env import CanvasEnv, trajectory_of
+from canvasagent.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.training.conftest import record_scored_batches
 from canvasagent.training import grpo as grpo_mod
-from canvasagent.training.callbacks import PANELS, RewardCurves, ToolCollapse, TrajectoryDumper, curve_panels, ema
+from canvasagent.training.callbacks import (
+    PANELS,
+    RewardCurves,
+    ToolCollapse,
+    TrajectoryDumper,
+    curve_panels,
+    ema,
+)
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.rewarding import TRLRewards, rollout_diagnostics, source_of
+from tests.training.conftest import record_scored_batches
 
 # Every other rollout's first turn is forced to this call (the random tiny model almost never
 # writes one), so a step holds rollouts with and without a tool: the diagnostics have spread.
@@ -197,7 +204,7 @@ def test_grpo_reward_is_the_evaluation_score_of_the_same_trajectory(run):
             assert r == pytest.approx(s["hybrid"], abs=1e-5)
             assert r == pytest.approx(cli_score(traj)["overall"], abs=1e-5)
             compared.append(r)
-    assert len(compared) == STEPS * N_GEN and len(set(round(x, 6) for x in compared)) > 1  # not one constant
+    assert len(compared) == STEPS * N_GEN and len({round(x, 6) for x in compared}) > 1  # not one constant
 
 
 def _replayed(run, tmp_path, which):
@@ -206,9 +213,9 @@ def _replayed(run, tmp_path, which):
     from dataclasses import replace
 
     from canvasagent.evaluation.runner import EvalConfig, EvalRunner
-    from canvasagent.trajectory import Trajectory
     from canvasagent.training.evaluate import training_scorer
     from canvasagent.training.rewarding import make_scorer
+    from canvasagent.trajectory import Trajectory
 
     rollouts = [(t, s) for trajs, scores in run.scored for i, (t, s) in enumerate(zip(trajs, scores)) if which(i)]
     tasks, replies = [], {}
