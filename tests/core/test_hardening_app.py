@@ -216,3 +216,22 @@ def test_hostile_ids_never_become_paths_out_of_the_folder(tmp_path):
     (tmp_path / "t" / "trajectory.json").write_text(json.dumps(d))
     with pytest.raises(TrajectoryLoadError, match="not a safe name"):
         Trajectory.load(tmp_path / "t")
+
+
+def test_a_nul_byte_in_a_path_is_a_clear_refusal(tmp_path, capsys):
+    rec_dir = tmp_path / "pub"
+    rec_dir.mkdir()
+    (rec_dir / "rec.json").write_text(json.dumps(_sharegpt(["a\x00.png"])))
+    assert main(["replay", str(rec_dir / "rec.json"), "--out", str(tmp_path / "o")]) == 2
+    assert "NUL byte" in capsys.readouterr().err
+    traj = run_episode(ReplayPolicy([]), Task("x", [gradient(4, 4)], id="t"), LocalToolbox(), EpisodeConfig(max_turns=1))
+    path = traj.save(tmp_path / "t")
+    d = json.loads(path.read_text())
+    d["assets"][0]["file"] = "assets/\x00img_1.png"
+    path.write_text(json.dumps(d))
+    with pytest.raises(TrajectoryLoadError, match="NUL byte"):
+        Trajectory.load(path)
+    (tmp_path / "split").mkdir()
+    (tmp_path / "split" / "tasks.jsonl").write_text(json.dumps({"instruction": "x", "images": ["\x00.png"]}) + "\n")
+    with pytest.raises(TaskLoadError, match="NUL byte"):
+        load_tasks(tmp_path / "split")
