@@ -127,6 +127,8 @@ def test_logged_functions_are_the_rollouts_own_values(run):
         assert all(weights[n] == 0.0 for n in logged)
         weighted = [sum(s[k] * w for k, w in weights.items() if k not in logged) for s in scores]
         assert h["reward"] == pytest.approx(_mean(weighted), abs=1e-5)
+        groups = [weighted[g:g + N_GEN] for g in range(0, len(weighted), N_GEN)]
+        assert h["frac_reward_zero_std"] == _mean([float(max(g) - min(g) < 1e-7) for g in groups])
 
 
 def test_metrics_jsonl_holds_every_diagnostic(run):
