@@ -61,6 +61,7 @@ def test_offline_planner_reads_target_property_and_conditions():
     assert p.property == "mirror"
     assert parse_question("Is it any good?", "scripted:expected", TERMS).unsupported
     assert "no probe generator" in parse_question("Does it work?", "SAM", TERMS).unsupported
+    assert "names Flip but the target is OCR" in parse_question("Does Flip mirror text?", "OCR", TERMS).unsupported
     assert "angle is one of" in parse_question("Can Rotate turn 30 degrees?", "Rotate", TERMS).unsupported
     with pytest.raises(ValueError, match="empty"):
         parse_question("  ", "OCR", TERMS)

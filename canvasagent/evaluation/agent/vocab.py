@@ -68,6 +68,9 @@ def property_for(question: str, kind: str, tool: str | None) -> tuple[str | None
     """`(property, reason_if_none)`."""
     q = question.lower()
     if tool is not None:
+        others = [t for t in mentioned_tools(question) if t != tool]
+        if others and tool not in mentioned_tools(question):
+            return None, f"the question names {', '.join(others)} but the target is {tool}"
         prop = TOOL_PROPERTY.get(tool)
         if prop is None:
             return None, f"no probe generator measures {tool} (known: {', '.join(sorted(TOOL_PROPERTY))})"
