@@ -4,12 +4,15 @@ leaves one summary line; short calls stay quiet at INFO."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from toolserver.backends import build_backend, sr
+from toolserver.backends import build_backend, sr, sr_progress
 from toolserver.request import ToolRequest
 
 
@@ -47,15 +50,26 @@ def test_ncnn_call_estimate_progress_and_summary(ncnn, monkeypatch, caplog, capf
     backend.timer = sr.SrTimer(backend.name)
     monkeypatch.setattr(sr, "LONG_CALL_S", 0.0)  # treat this small call as a long one
     monkeypatch.setattr(sr, "PROGRESS_EVERY_S", 0.0)
+    spawned = []
+    real_popen = subprocess.Popen
+
+    def popen(*a, **k):  # the real follower process, with its arguments recorded
+        proc = real_popen(*a, **k)
+        spawned.append((a[0], proc))
+        return proc
+
+    monkeypatch.setattr(sr.subprocess, "Popen", popen)
     with caplog.at_level(logging.INFO, logger="toolserver.backends.sr"):
         res = backend(ToolRequest("SR", {}, {"image": _gradient(64)}))
+    assert spawned and spawned[0][1].poll() is not None  # stopped with the call
     assert res.ok and res.image.size == (256, 256)
     msgs = [r.getMessage() for r in caplog.records if r.name == "toolserver.backends.sr"]
     assert msgs[0].startswith("realesrgan-ncnn: 64x64 input in 4 tile(s); estimated") and "CPU hint" in msgs[0]
     assert msgs[-1].startswith("realesrgan-ncnn: 64x64 -> 256x256 in 4 tile(s),")
-    # Live per-tile lines go to the real stderr while ncnn's own fd output is captured.
+    # ncnn's own percentages never reach the console (only the follower's lines may).
     err = capfd.readouterr().err
-    assert "realesrgan-ncnn: tile " in err and "s left" in err and "%\n" not in err.replace("%),", "")
+    assert not [ln for ln in err.splitlines() if sr_progress.PERCENT.match(ln)]
+    assert [a[0][1].endswith("sr_progress.py") and a[0][3:5] == ["realesrgan-ncnn", "4"] for a in spawned] == [True]
     # The next estimate uses the measured rate.
     with caplog.at_level(logging.INFO, logger="toolserver.backends.sr"):
         backend(ToolRequest("SR", {}, {"image": _gradient(32)}))
@@ -69,3 +83,23 @@ def test_short_calls_stay_at_debug(ncnn, caplog):
     with caplog.at_level(logging.INFO, logger="toolserver.backends.sr"):
         assert backend(ToolRequest("SR", {}, {"image": _gradient(32)})).ok
     assert not [r for r in caplog.records if r.name == "toolserver.backends.sr" and r.levelno >= logging.INFO]
+
+
+def test_follower_reports_percentages_as_they_are_written(tmp_path):
+    """The follower process reads the capture file while the writer (ncnn, GIL held) is busy."""
+    log = tmp_path / "native.log"
+    log.write_bytes(b"")
+    start = time.time()
+    proc = subprocess.Popen([sys.executable, sr_progress.__file__, str(log), "realesrgan-ncnn", "4", "0", str(start)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        with log.open("ab", buffering=0) as f:
+            for pct in ("0.00%", "25.00%", "50.00%", "75.00%"):
+                f.write(pct.encode() + b"\n")
+                time.sleep(0.6)
+    finally:
+        proc.terminate()
+        err = proc.communicate(timeout=10)[1]
+    lines = err.strip().splitlines()
+    assert [ln.split(" (")[0] for ln in lines] == [f"realesrgan-ncnn: tile {i}/4" for i in (1, 2, 3)], err
+    assert all("s elapsed, about" in ln for ln in lines)

@@ -20,7 +20,9 @@ import logging
 import math
 import os
 import re
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager, redirect_stdout
@@ -32,6 +34,7 @@ import numpy as np
 from PIL import Image
 
 from toolserver.backends._base import BackendUnavailable, Lazy, parse_params, resolve_device, run_batched
+from toolserver.backends.sr_progress import progress_line
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolError, ToolResult
@@ -106,49 +109,45 @@ _PROGRESS = re.compile(r"^\s*\d+(\.\d+)?%\s*$")
 @contextmanager
 def _native_output_to_log(logger: logging.Logger, progress: "TileProgress | None" = None) -> Iterator[None]:
     """Capture file descriptors 1 and 2 while native code runs: ncnn prints per-tile progress
-    ("0.00%") with fprintf, which would litter a CLI's or a server's console. A reader thread
-    drains the pipe as the call runs: progress lines feed `progress` (which writes its own
-    rate-limited lines to the real stderr, since logging's stream is captured too) and go to the
-    debug log afterwards; anything else captured (another thread's output in that window) is
-    re-emitted as a warning so nothing is lost."""
+    ("0.00%") with fprintf, which would litter a CLI's or a server's console. Progress lines go
+    to the debug log; anything else captured (another thread's output in that window) is
+    re-emitted as a warning so nothing is lost. With `progress` (a long call), a follower
+    process (sr_progress.py) turns the percentages into progress lines on the real stderr as
+    they come: ncnn holds the GIL, so no thread here could."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = {fd: os.dup(fd) for fd in (1, 2)}
-    read_fd, write_fd = os.pipe()
-    lines: list[str] = []
-
-    def drain() -> None:
-        with os.fdopen(read_fd, "rb") as pipe:
-            for raw in pipe:
-                line = raw.decode(errors="replace").rstrip("\r\n")
-                lines.append(line)
-                if progress is not None and _PROGRESS.match(line):
-                    progress.update(float(line.strip().rstrip("%")) / 100.0)
-
-    if progress is not None:
-        progress.write = lambda text: os.write(saved[2], (text + "\n").encode())
-    reader = threading.Thread(target=drain, name="sr-native-output", daemon=True)
-    reader.start()
-    for fd in saved:
-        os.dup2(write_fd, fd)
-    os.close(write_fd)
-    try:
-        yield
-    finally:
-        _flush_c_stdio()  # printf output still in libc's buffer would otherwise surface later
-        for fd, dup in saved.items():
-            os.dup2(dup, fd)  # also drops the pipe's last write ends, so the reader sees EOF
-        reader.join(timeout=10)
+    with tempfile.NamedTemporaryFile(mode="w+b", prefix="sr_native_", suffix=".log") as sink:
+        for fd in saved:
+            os.dup2(sink.fileno(), fd)
+        follower = None
         if progress is not None:
-            progress.write = None
-        for dup in saved.values():
-            os.close(dup)
-        prog = [ln for ln in lines if _PROGRESS.match(ln)]
-        other = [ln for ln in lines if ln.strip() and not _PROGRESS.match(ln)]
-        if prog:
-            logger.debug("native SR progress: %s", " ".join(p.strip() for p in prog[-20:]))
-        if other:
-            logger.warning("output captured during native SR:\n%s", "\n".join(other[-200:]))
+            try:
+                follower = subprocess.Popen(
+                    [sys.executable, str(Path(__file__).with_name("sr_progress.py")), sink.name, progress.name,
+                     str(progress.tiles), str(PROGRESS_EVERY_S), str(progress.started)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=saved[2], close_fds=True,
+                )
+            except OSError as e:  # no progress lines, the call itself is unaffected
+                logger.debug("SR progress follower did not start: %s", e)
+        try:
+            yield
+        finally:
+            _flush_c_stdio()  # printf output still in libc's buffer would otherwise surface later
+            if follower is not None:
+                follower.terminate()
+                follower.wait(timeout=10)
+            for fd, dup in saved.items():
+                os.dup2(dup, fd)
+                os.close(dup)
+            sink.seek(0)
+            lines = sink.read().decode(errors="replace").splitlines()
+            prog = [ln for ln in lines if _PROGRESS.match(ln)]
+            other = [ln for ln in lines if ln.strip() and not _PROGRESS.match(ln)]
+            if prog:
+                logger.debug("native SR progress: %s", " ".join(p.strip() for p in prog[-20:]))
+            if other:
+                logger.warning("output captured during native SR:\n%s", "\n".join(other[-200:]))
 
 
 def _flush_c_stdio() -> None:
@@ -179,21 +178,20 @@ def tile_count(width: int, height: int, tile: int) -> int:
 
 
 class TileProgress:
-    """Rate-limited progress lines of one call: fraction done, elapsed time, time left."""
+    """Rate-limited progress lines of one call: fraction done, elapsed time, time left (native
+    backends hand `name` and `tiles` to the follower process instead of calling `update`)."""
 
     def __init__(self, name: str, tiles: int, write: Callable[[str], Any] | None = None):
         self.name, self.tiles, self.write = name, tiles, write
         self.t0 = self.last = time.monotonic()
+        self.started = time.time()  # wall clock, for the follower process
 
     def update(self, fraction: float) -> None:
         now = time.monotonic()
         if self.write is None or fraction <= 0 or now - self.last < PROGRESS_EVERY_S:
             return
         self.last = now
-        elapsed = now - self.t0
-        left = elapsed * (1 - fraction) / fraction
-        done = f"tile {round(fraction * self.tiles)}/{self.tiles}" if self.tiles > 1 else "progress"
-        self.write(f"{self.name}: {done} ({100 * fraction:.0f}%), {elapsed:.0f} s elapsed, about {left:.0f} s left")
+        self.write(progress_line(self.name, fraction, self.tiles, now - self.t0))
 
 
 class SrTimer:
