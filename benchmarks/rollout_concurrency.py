@@ -22,27 +22,20 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-if __name__ == "__main__" and not sys.flags.safe_path:
-    # Run as a script, this folder comes first on the import path and its toolserver.py
-    # benchmark would shadow the toolserver package: run again without it (python -P).
-    os.execv(sys.executable, [sys.executable, "-P", os.path.abspath(__file__), *sys.argv[1:]])
-
 for _k, _v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TRL_EXPERIMENTAL_SILENCE", "1")):
     os.environ.setdefault(_k, _v)
 
-import torch  # noqa: E402
-import yaml  # noqa: E402
+import torch
+import yaml
 
-from canvasagent.training.config import TrainConfig  # noqa: E402
-from canvasagent.training.grpo import build_grpo_trainer  # noqa: E402
+from canvasagent.training.config import TrainConfig
+from canvasagent.training.grpo import build_grpo_trainer
 
 EDIT = ('<reason>Edit {a}.</reason>\n<tool_call>\n{{"name": "ImageEdit", "arguments": '
         '{{"image": "{a}", "edit_prompt": "brighter"}}}}\n</tool_call><|im_end|>')
@@ -154,12 +147,6 @@ def one_step(cfg: TrainConfig, concurrent: bool, latency_s: float | None, turns:
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_serve(latency_s: float, rollouts: int) -> None:
     import ray
 
@@ -191,7 +178,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="rollout_conc_"))
     local = "latency"
     rows: dict[str, dict[str, Any]] = {}
-    cfg = lambda name, tools: train_cfg(tmp / name, tools, args.rollouts, args.turns, args.steps)  # noqa: E731
+    cfg = lambda name, tools: train_cfg(tmp / name, tools, args.rollouts, args.turns, args.steps)
     rows["in-process, no latency"] = one_step(cfg("base", local), True, 0.0, args.turns)
     rows["in-process, serial"] = one_step(cfg("serial", local), False, args.latency, args.turns)
     rows["in-process, concurrent"] = one_step(cfg("conc", local), True, args.latency, args.turns)

@@ -27,26 +27,26 @@ for _k, _v in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TRL_EXP
     os.environ.setdefault(_k, _v)
 
 # Qwen/Qwen3-VL-8B-Instruct config.json (text_config / vision_config).
-QWEN3VL_8B_TEXT = dict(
-    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-6,
-    rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": [24, 20, 20], "mrope_interleaved": True},
-    tie_word_embeddings=False,
-)
-QWEN3VL_8B_VISION = dict(
-    depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, patch_size=16, spatial_merge_size=2,
-    temporal_patch_size=2, out_hidden_size=4096, num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24],
-)
+QWEN3VL_8B_TEXT = {
+    "vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": [24, 20, 20], "mrope_interleaved": True},
+    "tie_word_embeddings": False,
+}
+QWEN3VL_8B_VISION = {
+    "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "patch_size": 16, "spatial_merge_size": 2,
+    "temporal_patch_size": 2, "out_hidden_size": 4096, "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24],
+}
 # black-forest-labs/FLUX.2-klein-4B: transformer, Qwen3-4B text encoder (layers 9/18/27 read), VAE.
-FLUX2_KLEIN_TRANSFORMER = dict(
-    patch_size=1, in_channels=128, num_layers=5, num_single_layers=20, attention_head_dim=128, num_attention_heads=24,
-    joint_attention_dim=3 * 2560, timestep_guidance_channels=256, axes_dims_rope=(32, 32, 32, 32), guidance_embeds=False,
-)
-QWEN3_4B_TEXT = dict(
-    vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-    num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, tie_word_embeddings=True,
-)
-FLUX2_VAE = dict(block_out_channels=(128, 256, 512, 512), layers_per_block=2, latent_channels=32, norm_num_groups=32)
+FLUX2_KLEIN_TRANSFORMER = {
+    "patch_size": 1, "in_channels": 128, "num_layers": 5, "num_single_layers": 20, "attention_head_dim": 128, "num_attention_heads": 24,
+    "joint_attention_dim": 3 * 2560, "timestep_guidance_channels": 256, "axes_dims_rope": (32, 32, 32, 32), "guidance_embeds": False,
+}
+QWEN3_4B_TEXT = {
+    "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960, "tie_word_embeddings": True,
+}
+FLUX2_VAE = {"block_out_channels": (128, 256, 512, 512), "layers_per_block": 2, "latent_channels": 32, "norm_num_groups": 32}
 FLUX2_OUT_LAYERS = (9, 18, 27)
 
 
@@ -74,7 +74,11 @@ def meta_params(build) -> int:
 def dry_run() -> dict[str, Any]:
     """Build every config and count parameters on the meta device (no weights, no GPU)."""
     from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
-    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3VLForConditionalGeneration
+    from transformers import (
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3VLForConditionalGeneration,
+    )
 
     from canvasagent.models.tiny import TinyQwen3VLSpec, build_tiny_tokenizer
 
@@ -149,7 +153,12 @@ def policy_step(work: Path) -> dict[str, Any]:
 
 def flux_call() -> dict[str, Any]:
     import torch
-    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2KleinPipeline,
+        Flux2Transformer2DModel,
+    )
     from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3ForCausalLM
 
     from toolserver.backends.tiny import _CHAT_TEMPLATE, _byte_level_vocab

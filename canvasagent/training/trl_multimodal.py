@@ -56,9 +56,10 @@ import inspect
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from trl import GRPOTrainer
 
@@ -162,7 +163,7 @@ class ToolConcurrency:
             raise ValueError(f"per-tool concurrency caps must be integers >= 1, got {bad}")
 
     @classmethod
-    def from_tools_config(cls, cfg: Any, enabled: bool = True) -> "ToolConcurrency":
+    def from_tools_config(cls, cfg: Any, enabled: bool = True) -> ToolConcurrency:
         """From a `canvasagent.config.ToolsConfig` (`max_concurrent_calls`, `concurrency`)."""
         return cls(getattr(cfg, "max_concurrent_calls", None), dict(getattr(cfg, "concurrency", None) or {}), enabled)
 
@@ -208,7 +209,7 @@ class ConcurrentToolRunner:
                         ran.value = fn(**arguments)
                 else:
                     ran.value = fn(**arguments)
-            except Exception as e:  # TRL turns a raising tool into an error message; so do we, later
+            except Exception as e:  # noqa: BLE001  (TRL turns any raising tool into an error message; so do we, later)
                 ran.error = e
             out.append(ran)
         return out

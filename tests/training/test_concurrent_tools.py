@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.training.conftest import record_scored_batches
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.grpo import build_grpo_trainer
 from canvasagent.training.trl_multimodal import ConcurrentToolRunner, ToolConcurrency
+from tests.training.conftest import record_scored_batches
 from toolserver.backends.latency import reset_latency_stats
 
 EDIT = ('<reason>Edit {a}.</reason>\n<tool_call>\n{{"name": "ImageEdit", "arguments": '
@@ -100,9 +100,10 @@ def test_masks_and_tokens_match_the_serial_loop(both_runs):
 
 def test_per_tool_cap_bounds_calls_in_flight():
     stats = reset_latency_stats("test-cap")
+    from PIL import Image
+
     from toolserver.backends import build_backend
     from toolserver.request import ToolRequest
-    from PIL import Image
 
     fn = build_backend("latency", {"latency_s": 0.1, "stats_key": "test-cap"})
     req = ToolRequest("ImageEdit", {"image": "img_1", "edit_prompt": "x"}, images={"image": Image.new("RGB", (8, 8))})

@@ -9,7 +9,8 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.grpo import grpo_args
