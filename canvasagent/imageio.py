@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import warnings
 from pathlib import Path
 from typing import Iterable
@@ -31,6 +32,10 @@ def resolve_path(path: str | Path, allowed_roots: Iterable[str | Path] | None = 
     (and any path no file system can hold, such as one with a NUL byte) with `ImageLoadError`."""
     if "\x00" in str(path) or (base is not None and "\x00" in str(base)):
         raise ImageLoadError(f"{str(path)[:80]!r} is not a valid path (it contains a NUL byte)")
+    try:
+        os.fsencode(str(path))
+    except UnicodeEncodeError:
+        raise ImageLoadError(f"{str(path)[:80]!r} is not a valid path (it holds a character no file name can)") from None
     p = Path(path)
     if not p.is_absolute() and base is not None:
         p = Path(base) / p

@@ -218,12 +218,15 @@ def test_hostile_ids_never_become_paths_out_of_the_folder(tmp_path):
         Trajectory.load(tmp_path / "t")
 
 
-def test_a_nul_byte_in_a_path_is_a_clear_refusal(tmp_path, capsys):
+def test_a_nul_byte_or_a_lone_surrogate_in_a_path_is_a_clear_refusal(tmp_path, capsys):
     rec_dir = tmp_path / "pub"
     rec_dir.mkdir()
     (rec_dir / "rec.json").write_text(json.dumps(_sharegpt(["a\x00.png"])))
     assert main(["replay", str(rec_dir / "rec.json"), "--out", str(tmp_path / "o")]) == 2
     assert "NUL byte" in capsys.readouterr().err
+    (rec_dir / "rec.json").write_text(json.dumps(_sharegpt(["a\udd13.png"])))  # a lone surrogate no file name can hold
+    assert main(["replay", str(rec_dir / "rec.json"), "--out", str(tmp_path / "o")]) == 2
+    assert "not a valid path" in capsys.readouterr().err
     traj = run_episode(ReplayPolicy([]), Task("x", [gradient(4, 4)], id="t"), LocalToolbox(), EpisodeConfig(max_turns=1))
     path = traj.save(tmp_path / "t")
     d = json.loads(path.read_text())
