@@ -15,8 +15,11 @@ import sys
 from typing import Callable
 
 # Libraries whose INFO lines (one per HTTP request, Ray start-up banners, ...) drown our own.
+# Importing ray resets the "ray" logger to INFO, so its sub-packages are named as well: their
+# own levels survive the import.
 THIRD_PARTY_LOGGERS = (
-    "httpx", "httpcore", "urllib3", "requests", "ray", "ray.serve", "ray.data", "filelock", "fsspec",
+    "httpx", "httpcore", "urllib3", "requests", "ray", "ray._private", "ray.serve", "ray.data", "ray.util",
+    "ray.dashboard", "filelock", "fsspec",
     "asyncio", "PIL", "matplotlib", "datasets", "huggingface_hub", "transformers", "accelerate",
     "torch", "uvicorn", "uvicorn.access", "uvicorn.error", "h5py", "gradio", "websockets", "multipart",
 )
