@@ -32,10 +32,6 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-if __name__ == "__main__" and not sys.flags.safe_path and (Path(__file__).resolve().parent / "toolserver.py").exists():
-    # A script's own directory comes first on the import path, and a benchmarks/toolserver.py
-    # there would shadow the toolserver package: run again in safe-path mode (python -P).
-    os.execv(sys.executable, [sys.executable, "-P", __file__, *sys.argv[1:]])
 
 from canvasagent.evaluation.agent import build_agent
 
