@@ -26,7 +26,6 @@ import logging
 import os
 import platform
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
