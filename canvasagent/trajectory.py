@@ -279,7 +279,12 @@ class Trajectory:
         p = Path(path)
         if p.is_dir():
             p = p / "trajectory.json"
-        d = json.loads(p.read_text(encoding="utf-8"))
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise TrajectoryLoadError(f"{p}: not a JSON text ({e})") from None
+        except RecursionError:
+            raise TrajectoryLoadError(f"{p}: JSON nested too deeply") from None
         if not isinstance(d, dict) or not {"task", "turns"} <= set(d):
             raise TrajectoryLoadError(f"{p}: not a CanvasAgent trajectory (expected an object with 'task' and 'turns')")
         assets = d.get("assets") or []

@@ -67,7 +67,7 @@ def task_from_record(rec: dict[str, Any], base: Path, index: int = 0, allowed_ro
         return task
     except (TaskLoadError, ImageLoadError):
         raise
-    except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as e:
+    except (KeyError, TypeError, AttributeError, ValueError, OverflowError, RecursionError) as e:
         raise TaskLoadError(f"task {index}: malformed record ({type(e).__name__}: {str(e)[:200]})") from None
 
 
@@ -100,7 +100,10 @@ def _task_from_record(rec: dict[str, Any], base: Path, index: int, roots: list[P
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskLoadError(f"{path}: not UTF-8 text ({e})") from None
     if path.suffix == ".jsonl":
         recs = []
         for n, line in enumerate(text.splitlines(), 1):
@@ -109,6 +112,8 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
                     recs.append(json.loads(line))
                 except json.JSONDecodeError as e:
                     raise TaskLoadError(f"{path}:{n}: not JSON ({e})") from e
+                except RecursionError:
+                    raise TaskLoadError(f"{path}:{n}: JSON nested too deeply") from None
                 if not isinstance(recs[-1], dict):
                     raise TaskLoadError(f"{path}:{n}: expected a task object, got {type(recs[-1]).__name__}")
         return recs
@@ -116,6 +121,8 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise TaskLoadError(f"{path}: not JSON ({e})") from e
+    except RecursionError:
+        raise TaskLoadError(f"{path}: JSON nested too deeply") from None
     recs = data if isinstance(data, list) else data.get("tasks", [data]) if isinstance(data, dict) else None
     if not isinstance(recs, list) or not all(isinstance(r, dict) for r in recs):
         raise TaskLoadError(f"{path}: expected a task object, a list of them or {{\"tasks\": [...]}}")

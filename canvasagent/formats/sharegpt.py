@@ -165,7 +165,10 @@ def read_record(
 def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
     """Records from a .json (one record or a list) or .jsonl file."""
     p = Path(path)
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise FormatError(f"{p}: not UTF-8 text ({e})") from None
     if p.suffix == ".jsonl":
         for line_no, line in enumerate(text.splitlines(), 1):
             if line.strip():
@@ -173,11 +176,15 @@ def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
                     yield json.loads(line)
                 except json.JSONDecodeError as e:
                     raise FormatError(f"{p}:{line_no}: {e}") from None
+                except RecursionError:
+                    raise FormatError(f"{p}:{line_no}: JSON nested too deeply") from None
         return
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise FormatError(f"{p}: {e}") from None
+    except RecursionError:
+        raise FormatError(f"{p}: JSON nested too deeply") from None
     if isinstance(data, dict):
         yield data
     elif isinstance(data, list):

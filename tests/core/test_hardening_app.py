@@ -238,3 +238,21 @@ def test_a_nul_byte_or_a_lone_surrogate_in_a_path_is_a_clear_refusal(tmp_path, c
     (tmp_path / "split" / "tasks.jsonl").write_text(json.dumps({"instruction": "x", "images": ["\x00.png"]}) + "\n")
     with pytest.raises(TaskLoadError, match="NUL byte"):
         load_tasks(tmp_path / "split")
+
+
+@pytest.mark.parametrize("content", [b"[" * 100_000, b'{"messages": "\xff\xfe"}'], ids=["deep", "not_utf8"])
+def test_deeply_nested_or_undecodable_files_are_clear_refusals(tmp_path, capsys, content):
+    (tmp_path / "rec.json").write_bytes(content)
+    assert main(["replay", str(tmp_path / "rec.json"), "--out", str(tmp_path / "o")]) == 2
+    assert "error:" in capsys.readouterr().err
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "trajectory.json").write_bytes(content)
+    with pytest.raises(TrajectoryLoadError):
+        Trajectory.load(tmp_path / "t")
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "tasks.jsonl").write_bytes(content + b"\n")
+    with pytest.raises(TaskLoadError):
+        load_tasks(tmp_path / "s")
+    (tmp_path / "s" / "tasks.jsonl").write_text(json.dumps({"prompt": "x", "image": [], "extra_info": {"checks": "[" * 100_000}}) + "\n")
+    with pytest.raises(TaskLoadError):
+        load_tasks(tmp_path / "s")
