@@ -21,7 +21,7 @@ from canvasagent.cli.errors import add_debug_arg, quiet_third_party_loggers
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="python -m canvasagent.train", description=__doc__)
+    parser = parser or errors.ShortErrorParser(prog="python -m canvasagent.train", description=__doc__)
     parser.add_argument("kind", choices=["sft", "grpo"])
     parser.add_argument("--config", required=True, help="configs/train/<name>.yaml or a name")
     parser.add_argument("--dry-run", action="store_true", help="build everything except the weights, then stop")

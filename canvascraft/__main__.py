@@ -112,7 +112,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="canvascraft", description="CanvasCraft data pipeline")
+    from canvasagent.cli.errors import ShortErrorParser
+
+    parser = ShortErrorParser(prog="canvascraft", description="CanvasCraft data pipeline")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true", help="debug logging, and show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -15,11 +15,11 @@ import sys
 
 from rich.logging import RichHandler
 
-from canvasagent.cli.errors import add_debug_arg, quiet_third_party_loggers, run_command
+from canvasagent.cli.errors import ShortErrorParser, add_debug_arg, quiet_third_party_loggers, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="canvasagent", description="CanvasAgent: visual tool-use agents")
+    parser = ShortErrorParser(prog="canvasagent", description="CanvasAgent: visual tool-use agents")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     add_debug_arg(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

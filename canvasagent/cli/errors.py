@@ -31,6 +31,15 @@ def quiet_third_party_loggers(level: int = logging.WARNING) -> None:
         logging.getLogger(name).setLevel(level)
 
 
+class ShortErrorParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are two lines (the error, naming the valid choices
+    where argparse has them, and where to find the options) instead of the full usage text.
+    Subcommand parsers made from it inherit the behaviour."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"error: {message}\n(see `{self.prog} -h` for the options)\n")
+
+
 def add_debug_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="debug logging, and show tracebacks on errors")
 

@@ -94,3 +94,25 @@ def test_any_config_name_gives_one_line(name):
     assert rc in (0, 1, 2) and "Traceback" not in err.getvalue()
     if rc == 2:
         assert err.getvalue().startswith("error: ")
+
+
+@pytest.mark.parametrize("main_fn,argv,choice", [
+    (train_main, ["sftt", "--config", "x"], "(choose from 'sft', 'grpo')"),
+    (canvasagent_main, ["nosuch"], "'tools'"),
+    (canvasagent_main, ["tools", "list", "--family", "painters"], "(choose from 'all', 'canvasagent', 'easel')"),
+])
+def test_usage_errors_are_two_lines_naming_the_choices(capsys, main_fn, argv, choice):
+    with pytest.raises(SystemExit) as e:
+        main_fn(argv)
+    assert e.value.code == 2
+    lines = _err_lines(capsys)
+    assert len(lines) == 2 and lines[0].startswith("error: argument") and choice in lines[0] and lines[1].endswith("-h` for the options)")
+
+
+def test_canvascraft_usage_error(capsys):
+    from canvascraft.__main__ import main as canvascraft_main
+
+    with pytest.raises(SystemExit):
+        canvascraft_main(["convert", "--to", "parquet", "--input", "a", "--out", "b"])
+    assert _err_lines(capsys) == ["error: argument --to: invalid choice: 'parquet' (choose from 'sharegpt', 'rl-json', 'hf')",
+                                  "(see `canvascraft convert -h` for the options)"]
