@@ -106,7 +106,9 @@ def test_tool_results_are_masked_and_carry_the_canvas(easel_run):
         assert trained.startswith(forced.removesuffix("<|im_end|>"))  # the policy's own call is trained
         assert "<tool_response>" in masked and "<|image_pad|>" in masked  # the canvas comes back, masked
         assert ("stroke applied" if j % 2 == 0 else "must be in [0, 1]") in masked
-        assert "<tool_response>" not in trained and "stroke applied" not in trained
+        # What the environment answered is never trained on (the random policy may itself sample the
+        # <tool_response> tag, which is its own text and rightly trained).
+        assert "stroke applied" not in trained and "must be in [0, 1]" not in trained
         n_masked += int((tm == 0).sum())
     assert n_masked > 0
 
