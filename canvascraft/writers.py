@@ -16,9 +16,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from canvasagent.llm_client import ChatClient, ChatEndpoint, EndpointError
-
 from canvasagent.config import find_config, load_yaml
+from canvasagent.llm_client import ChatClient, ChatEndpoint, EndpointError
 from canvascraft.plan import Plan, Step
 
 log = logging.getLogger(__name__)
@@ -52,7 +51,7 @@ class Phrasings:
     two_inputs: list[str] = field(default_factory=list)
 
     @classmethod
-    def load(cls, name: str = "phrasings") -> "Phrasings":
+    def load(cls, name: str = "phrasings") -> Phrasings:
         d = load_yaml(find_config(name, "canvascraft"))
         return cls(d["openers"], d["joiners"], d["closers"], d["clauses"], d["reasons"], d.get("questions", []),
                    d.get("conditions") or {"before": ["if {condition}, {clause}"], "after": ["{clause} if {condition}"]},

@@ -15,7 +15,12 @@ import sys
 
 from rich.logging import RichHandler
 
-from canvasagent.cli.errors import ShortErrorParser, add_debug_arg, quiet_third_party_loggers, run_command
+from canvasagent.cli.errors import (
+    ShortErrorParser,
+    add_debug_arg,
+    quiet_third_party_loggers,
+    run_command,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ import argparse
 import logging
 import re
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 # Libraries whose INFO lines (one per HTTP request, Ray start-up banners, ...) drown our own.
 # Importing ray resets the "ray" logger to INFO, so its sub-packages are named as well: their

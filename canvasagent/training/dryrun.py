@@ -24,7 +24,6 @@ import re
 import socket
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from canvasagent.training.common import validate_launcher, workspace
 from canvasagent.training.config import TINY, TrainConfig
@@ -113,7 +112,7 @@ def _checkpoint(field_name: str, ref: str, cfg: TrainConfig, download: bool = Tr
         from huggingface_hub import try_to_load_from_cache
 
         cached = isinstance(try_to_load_from_cache(ref, "config.json"), str)
-    except Exception:  # an unusable cache dir reads as "not cached"
+    except Exception:  # noqa: BLE001 - an unusable cache dir reads as "not cached"
         cached = False
     if cached:
         return []
@@ -153,7 +152,7 @@ def _packages(cfg: TrainConfig) -> list[str]:
     for module, why in _wanted_packages(cfg).items():
         try:
             importlib.import_module(module)
-        except Exception as e:  # a broken install (ImportError, OSError from a CUDA lib, ...) counts as missing
+        except Exception as e:  # noqa: BLE001 - a broken install (ImportError, OSError from a CUDA lib, ...) counts as missing
             out.append(f"{why} needs the {module} package, which does not import ({type(e).__name__}: {' '.join(str(e).split())[:160]})")
     return out
 
@@ -264,7 +263,7 @@ def _ray_address(address: str | None) -> str | None:
         found = get_ray_address_from_environment("auto", None)
     except ConnectionError:
         return None
-    except Exception:  # private API moved: fall back to the file `ray start` writes
+    except Exception:  # noqa: BLE001 - private API moved: fall back to the file `ray start` writes
         f = Path("/tmp/ray/ray_current_cluster")
         found = f.read_text().strip() if f.exists() else None
     return found if found and found != "auto" else None
@@ -346,7 +345,6 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
             mc = AutoConfig.from_pretrained(ref)
             report["model"] = {"ref": ref, "model_type": mc.model_type}
             from canvasagent.models import load_processor
-
             from canvasagent.training.messages import system_text
 
             proc = load_processor(ref)

@@ -7,7 +7,8 @@ import argparse
 import logging
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from canvasagent.cli import main as canvasagent_main
 from canvasagent.cli.errors import THIRD_PARTY_LOGGERS, run_command

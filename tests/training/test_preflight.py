@@ -8,7 +8,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from canvasagent.train import main
 from canvasagent.training import dry_run, run
@@ -30,7 +31,7 @@ class Answering:
         paths = self.paths = []
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+            def do_GET(self) -> None:
                 paths.append(self.path)
                 self.send_response(status)
                 self.send_header("Content-Length", "2")

@@ -25,15 +25,22 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from toolserver.backends._base import BackendUnavailable, Lazy, parse_params, resolve_device, run_batched
+from toolserver.backends._base import (
+    BackendUnavailable,
+    Lazy,
+    parse_params,
+    resolve_device,
+    run_batched,
+)
 from toolserver.backends.sr_progress import progress_line
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
@@ -107,7 +114,7 @@ _PROGRESS = re.compile(r"^\s*\d+(\.\d+)?%\s*$")
 
 
 @contextmanager
-def _native_output_to_log(logger: logging.Logger, progress: "TileProgress | None" = None) -> Iterator[None]:
+def _native_output_to_log(logger: logging.Logger, progress: TileProgress | None = None) -> Iterator[None]:
     """Capture file descriptors 1 and 2 while native code runs: ncnn prints per-tile progress
     ("0.00%") with fprintf, which would litter a CLI's or a server's console. Progress lines go
     to the debug log; anything else captured (another thread's output in that window) is
@@ -291,9 +298,9 @@ class NcnnRealEsrgan:
 
     def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
         model = self._model.get()
-        with self._lock, _CAPTURE_LOCK, self.timer.timed(rgb.width, rgb.height, tile_count(rgb.width, rgb.height, self.params.tile)) as progress:
-            with _native_output_to_log(log, progress):
-                return model.process_pil(rgb)
+        tiles = tile_count(rgb.width, rgb.height, self.params.tile)
+        with self._lock, _CAPTURE_LOCK, self.timer.timed(rgb.width, rgb.height, tiles) as progress, _native_output_to_log(log, progress):
+            return model.process_pil(rgb)
 
     def __call__(self, request: ToolRequest) -> ToolResult:
         src = request.images["image"]
@@ -381,13 +388,13 @@ class TorchRealEsrgan:
         upsampler = self._model.get()
         bgr = np.ascontiguousarray(np.asarray(rgb)[:, :, ::-1])  # RealESRGANer follows OpenCV's BGR
         tiles = 1 if self._fits_one_tile(rgb) else tile_count(rgb.width, rgb.height, self.params.tile)
-        with self._lock:  # RealESRGANer keeps the current image and tiles on the object
-            with self.timer.timed(rgb.width, rgb.height, tiles) as progress:
-                if progress is not None:
-                    progress.write = log.info
-                # RealESRGANer prints "Tile i/n" per tile; those become progress lines.
-                with redirect_stdout(_TileLines(progress, sys.stdout)):
-                    out, _ = upsampler.enhance(bgr, outscale=SCALE)
+        # The lock: RealESRGANer keeps the current image and tiles on the object.
+        with self._lock, self.timer.timed(rgb.width, rgb.height, tiles) as progress:
+            if progress is not None:
+                progress.write = log.info
+            # RealESRGANer prints "Tile i/n" per tile; those become progress lines.
+            with redirect_stdout(_TileLines(progress, sys.stdout)):
+                out, _ = upsampler.enhance(bgr, outscale=SCALE)
         return Image.fromarray(np.ascontiguousarray(out[:, :, ::-1]))
 
     def __call__(self, request: ToolRequest) -> ToolResult:
