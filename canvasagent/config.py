@@ -8,6 +8,8 @@ from typing import Any, TypeVar, get_type_hints
 
 import yaml
 
+from toolserver.limits import Limits
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
 
@@ -72,14 +74,20 @@ class ToolsConfig:
     # per-tool caps under it (e.g. ImageEdit: 8 when one tool GPU batches 8). None: one per rollout.
     max_concurrent_calls: int | None = None
     concurrency: dict[str, int] = field(default_factory=dict)
+    # Refused before any work, in-process as on a server (docs/serving.md, "Limits").
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def load(cls, name_or_path: str | Path = "offline") -> "ToolsConfig":
-        data = load_yaml(find_config(name_or_path, "tools"))
+        path = find_config(name_or_path, "tools")
+        data = load_yaml(path)
         backends = {k: BackendConfig(**(v or {})) for k, v in (data.pop("backends", None) or {}).items()}
         cfg = from_dict(cls, data)
         cfg.backends = backends
         cfg.check_concurrency()
+        bad = cfg.limits.problems()
+        if bad:
+            raise ValueError(f"{path}: " + "; ".join(bad))
         return cfg
 
     def check_concurrency(self) -> None:

@@ -83,6 +83,11 @@ class Episode:
     def profile(self) -> Profile:
         return getattr(self.toolbox, "profile", Profile.CANVASCRAFT)
 
+    def _limits(self) -> dict[str, Any]:
+        """The toolbox's configured text limit (tools config `limits:`), when it has one."""
+        n = getattr(getattr(self.toolbox, "limits", None), "max_text_chars", None)
+        return {"max_text_chars": n} if isinstance(n, int) else {}
+
     @property
     def assets(self) -> AssetStore:
         assert self.trajectory is not None, "call reset() first"
@@ -197,7 +202,7 @@ class Episode:
 
     def _execute(self, call: ToolCall, turn: Turn) -> Message:
         turn.call = call
-        check = validate_call(call.name, call.arguments, self.assets, self.profile)
+        check = validate_call(call.name, call.arguments, self.assets, self.profile, **self._limits())
         turn.check = check.to_dict()
         if not check.executable:
             turn.status = "error"

@@ -78,7 +78,8 @@ class LocalToolbox:
             if bcfg.name in (None, "", "none"):
                 continue
             backends[tool] = _LazyBackend(bcfg.name, dict(bcfg.params or {}))
-        return cls(profile=Profile(cfg.profile), backends=backends, max_output_pixels=cfg.max_pixels)
+        return cls(profile=Profile(cfg.profile), backends=backends, max_output_pixels=cfg.max_pixels,
+                   limits=getattr(cfg, "limits", None) or Limits())
 
     def add_recorded(self, tool: str, output: RecordedOutput) -> None:
         self.recorded.setdefault(tool, deque()).append(output)
