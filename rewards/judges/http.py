@@ -77,7 +77,7 @@ class HttpJudge:
                 text = self._chat.complete(messages, temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)
                 attempts += self._chat.last_attempts
             except EndpointError as e:
-                return JudgeResult.failed(self.fallback_score, e.reason, self.name)
+                return JudgeResult.failed(self.fallback_score, f"judge at {self.base_url}: {e.reason}", self.name)
             score, how = parse_score(text, prompts.SCALE)
             if score is not None:
                 return JudgeResult(score=score, reason=f"parsed:{how}", details={"attempts": float(attempts)}, judge=self.name)

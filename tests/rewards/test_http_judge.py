@@ -77,6 +77,7 @@ def test_unreachable_endpoint_falls_back(traj):
     judge = make_judge(judge_cfg(f"http://127.0.0.1:{port}/v1", max_retries=1))
     res = judge.judge("aesthetic", TrajectoryView.of(traj))
     assert res.fallback and res.score == pytest.approx(0.3) and "transport" in res.reason
+    assert res.reason.startswith(f"judge at http://127.0.0.1:{port}/v1: ")  # names the service that did not answer
 
 
 def test_timeout_falls_back(traj):
