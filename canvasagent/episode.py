@@ -39,6 +39,10 @@ class EpisodeConfig:
     family: str = "canvasagent"
     max_input_pixels: int = DEFAULT_MAX_INPUT_PIXELS
     tools_in_system_prompt: bool = True
+    # End the episode (stop reason "no_terminate") at a reply that neither calls a tool nor
+    # terminates, as a GRPO rollout ends there; otherwise the reply gets an error observation
+    # and the policy is asked again.
+    end_without_call: bool = False
 
 
 @dataclass
@@ -145,6 +149,8 @@ class Episode:
             self.messages.append(obs)
         if not self.done and len(traj.turns) >= self.config.max_turns:
             self._finish("max_turns")
+        elif not self.done and self.config.end_without_call and turn.status in ("parse_error", "no_call"):
+            self._finish("no_terminate")
         return StepResult(turn, obs, self.done)
 
     def call_tool(self, name: str, arguments: dict[str, Any], reply: str = "") -> StepResult:

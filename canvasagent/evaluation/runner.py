@@ -56,6 +56,8 @@ class EvalConfig:
     seed: int | None = None
     # False for checkpoints trained with the tool block in the chat template (the training layout).
     tools_in_system_prompt: bool = True
+    # The training layout: a reply without a tool call ends the episode, as it ends a GRPO rollout.
+    end_without_call: bool = False
 
 
 def task_dir_name(task_id: str) -> str:
@@ -129,7 +131,8 @@ class EvalRunner:
         if d.exists():  # a rerun replaces an unfinished attempt; no stale asset files may remain
             shutil.rmtree(d)
         policy = _CancellablePolicy(self.factory.for_task(task), self.config.guard, self.cancel)
-        ecfg = EpisodeConfig(max_turns=self.config.max_turns, family=task.family, tools_in_system_prompt=self.config.tools_in_system_prompt)
+        ecfg = EpisodeConfig(max_turns=self.config.max_turns, family=task.family, tools_in_system_prompt=self.config.tools_in_system_prompt,
+                             end_without_call=self.config.end_without_call)
         traj = run_episode(policy, task, self._toolbox(), ecfg)
         traj.meta["policy"] = self.factory.name
         traj.save(d)  # before scoring: a scorer crash must not lose the episode

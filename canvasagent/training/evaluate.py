@@ -107,6 +107,8 @@ def evaluate_model(
     cfg = EvalConfig(
         workers=1, max_turns=max_turns, resume=resume, samples=samples if temperature > 0 else 1, seed=seed,
         tools_in_system_prompt=False,
+        # As in a GRPO rollout, which TRL ends at the first reply without a tool call.
+        end_without_call=True,
         # No early stop on invalid replies: a weak checkpoint's format validity is what we measure.
         guard=GuardConfig(max_consecutive_invalid=0),
     )
