@@ -4,6 +4,8 @@ The plan is what the paper's pipeline "reverse-engineers" an instruction from: w
 ground, which text to add and where, which angle corrects the scene. It is decided before
 execution, from what is known about the inputs; values that only exist at run time (the boxes
 Grounding returns, the text OCR reads) are left to the executing policy (`canvascraft.sft`).
+A Crop with no Grounding before it crops a region the instruction states (a named region or
+explicit 0-1000 coordinates); a ready RGBA cut-out as the first input stands in for Extract.
 """
 
 from __future__ import annotations
@@ -25,6 +27,20 @@ POSITIONS: dict[str, tuple[int, int]] = {
     "bottom-left corner": (220, 860),
     "bottom-right corner": (780, 860),
 }
+# Crop regions an instruction can name, as boxes in the tools' 0-1000 coordinates.
+REGIONS: dict[str, tuple[int, int, int, int]] = {
+    "left half": (0, 0, 500, 1000),
+    "right half": (500, 0, 1000, 1000),
+    "top half": (0, 0, 1000, 500),
+    "bottom half": (0, 500, 1000, 1000),
+    "top-left quarter": (0, 0, 500, 500),
+    "top-right quarter": (500, 0, 1000, 500),
+    "bottom-left quarter": (0, 500, 500, 1000),
+    "bottom-right quarter": (500, 500, 1000, 1000),
+    "central area": (250, 250, 750, 750),
+}
+# Share of stated-region crops that give explicit coordinates rather than a named region.
+EXPLICIT_BOX_SHARE = 0.3
 CAPTIONS = (
     "SUMMER SALE", "Grand Opening", "Happy Birthday", "Best Coffee", "Limited Offer",
     "Welcome Home", "Open 24/7", "Hello World", "New Arrival", "Thank You",
@@ -98,6 +114,7 @@ class _State:
     segmented: bool = False
     extracted: bool = False
     read_text: bool = False
+    cutout: str | None = None  # label of a ready cut-out given as the first input (RGBA)
     used: list[str] = field(default_factory=list)  # targets, captions, positions already used
 
 
@@ -109,6 +126,9 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
         rotation=int(first.get("rotation") or 0),
         mirrored=bool(first.get("mirrored")),
     )
+    if first.get("cutout"):
+        # The first input already is what Extract would produce: an object overlay can use it.
+        st.cutout, st.extracted = st.labels[0], True
     steps: list[Step] = []
     expect: str | None = None
     for i, tool in enumerate(chain.tools):
@@ -137,9 +157,13 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
             st.grounded = target
             steps.append(Step(tool, "Grounding", {"target": target}))
         elif tool == "Crop":
-            target = st.grounded or _target(st, rng)
-            st.cropped_to = target
-            steps.append(Step(tool, "Crop", {"target": target}))
+            if st.grounded:
+                st.cropped_to = st.grounded
+                steps.append(Step(tool, "Crop", {"target": st.grounded}))
+            else:
+                # No box to come from Grounding: the instruction states the region itself.
+                st.cropped_to = "region"
+                steps.append(Step(tool, "Crop.region", _region(rng)))
         elif tool == "SAM":
             steps.append(Step(tool, "SAM", {"target": st.grounded or _target(st, rng)}))
             st.segmented = True
@@ -150,7 +174,7 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
             pos_name = _fresh(list(POSITIONS), st, rng)
             params: dict[str, Any] = {"position_name": pos_name, "position": list(POSITIONS[pos_name])}
             if st.extracted:
-                params["target"] = st.grounded or "object"
+                params["target"] = st.grounded or st.cutout or "object"
                 steps.append(Step(tool, "Overlayer.object", params))
             elif st.read_text:
                 steps.append(Step(tool, "Overlayer.ocr", params))  # the text comes from the OCR reply
@@ -178,6 +202,18 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
             raise ValueError(f"no planner for tool {tool}")
     subject = "sign" if st.text and not chain.starts_with_generation else "image"
     return Plan(chain, steps, inputs, expect, subject)
+
+
+def _region(rng: random.Random) -> dict[str, Any]:
+    """Params of a Crop whose region the instruction states: a named region or, sometimes,
+    explicit 0-1000 coordinates. `target` is the phrase the clause says, `bbox` the call's box."""
+    if rng.random() < EXPLICIT_BOX_SHARE:
+        x0, y0 = rng.randrange(0, 500, 10), rng.randrange(0, 500, 10)
+        x1, y1 = rng.randrange(x0 + 300, 1001, 10), rng.randrange(y0 + 300, 1001, 10)
+        box = [x0, y0, x1, y1]
+        return {"target": "area [" + ", ".join(map(str, box)) + "] (coordinates from 0 to 1000)", "bbox": box}
+    name = rng.choice(list(REGIONS))
+    return {"target": name, "bbox": list(REGIONS[name])}
 
 
 def _fresh(options: list[str] | tuple[str, ...], st: _State, rng: random.Random) -> str:

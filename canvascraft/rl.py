@@ -6,7 +6,8 @@ Labels are always computed from the task that was built, never copied from the t
 target that could not be met shows up as `target_missed` in the stats rather than as a wrong
 label. Tasks carry verifiable checks for the offline alignment judge; when every tool of the
 reference solution is deterministic, the reference is executed through the episode runner and
-its final image becomes the expected image.
+its final image becomes the expected image (matched exactly; by SSIM for a cropping chain whose
+only model tool is the reproducible SR).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.imageio import images_match
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory
-from canvascraft.chains import Chain
+from canvascraft.chains import Chain, chain_name, default_needs
 from canvascraft.formats import dump_checks, png
 from canvascraft.plan import Plan, make_plan
 from canvascraft.sft import ChainPolicy, bump, missing_backends, pick_inputs, quality_control
@@ -68,26 +69,39 @@ REPEATABLE = frozenset({"Grounding", "SAM", "Extract", "Overlayer"})
 
 
 def compose_chain(chains: Any, rng: random.Random, length: str, max_steps: int, diversity: str = "medium") -> Chain | None:
-    """Concatenate sampled templates until the length level is reached (None if overshot)."""
+    """Concatenate sampled templates until the length level is reached (None if overshot).
+
+    A template that needs a ready RGBA cut-out (`needs: [rgba]`) takes it as an input, so it can
+    only open a composition; the composed chain keeps its inputs, needs and name."""
     lo, hi = _LENGTH_RANGE[length]
     hi = min(hi, max_steps)
     tools: list[str] = []
+    first: Chain | None = None
     reps = [c for c in chains if c.weight > 0 and set(c.tools) <= REPEATABLE and c.distinct_tools <= 2]
     if diversity == "easy" and lo > 2 and reps:
         c = rng.choices(reps, weights=[c.weight for c in reps], k=1)[0]
         tools = list(c.tools) * -(-lo // len(c.tools))
     for _ in range(0 if tools else 12):
-        part = list(chains.sample(rng).tools)
+        template = chains.sample(rng)
+        part = list(template.tools)
+        if tools and "rgba" in template.needs:
+            continue
         if tools and part[0] == "ImageGeneration":
             part = part[1:]  # only a task without input images starts by generating one
         if not part or (tools and part[0] == tools[-1]):
             continue  # an immediate repeat (Grounding, Grounding) is redundant, not harder
+        first = first or template
         tools.extend(part)
         if len(tools) >= lo:
             break
     if not lo <= len(tools) <= hi:
         return None
-    return Chain.from_spec({"tools": tools, "group": "rl"})
+    spec: dict[str, Any] = {"tools": tools, "group": "rl"}
+    if first is not None and "rgba" in first.needs:
+        rest = tools[len(first.tools):]
+        spec.update(inputs=first.inputs, needs=sorted(set(first.needs) | set(default_needs(tools, first.inputs))),
+                    name=first.name + ("+" + chain_name(rest) if rest else ""))
+    return Chain.from_spec(spec)
 
 
 def add_conditions(plan: Plan, reasoning: str, rng: random.Random) -> tuple[int, int]:
@@ -107,17 +121,18 @@ def add_conditions(plan: Plan, reasoning: str, rng: random.Random) -> tuple[int,
     return len(chosen), state
 
 
-def checks_for(plan: Plan, has_reference: bool, ocr_answer: str | None = None) -> list[dict[str, Any]]:
+def checks_for(plan: Plan, has_reference: bool, ocr_answer: str | None = None, exact: bool = True) -> list[dict[str, Any]]:
     """Verifiable checks in the offline alignment judge's vocabulary (rewards/checks.py).
 
-    `has_reference`: the chain is deterministic and its executed final image is the target, so
-    the match must be exact. `ocr_answer`: text the reference solution's OCR call really read
+    `has_reference`: the reference solution's executed final image is the target; `exact`: the
+    chain is deterministic, so the match must be exact (else SSIM over the threshold, for a
+    reproducible model tool). `ocr_answer`: text the reference solution's OCR call really read
     (the answer an OCR task asks for)."""
     tools = [s.tool for s in plan.steps]
     checks: list[dict[str, Any]] = []
     if has_reference:
         # `task_of(row)` puts the row's reference_image at task.meta["reference_images"][0].
-        checks.append({"type": "reference_similarity", "image_index": 0, "metric": "ssim", "threshold": 0.9, "exact": True})
+        checks.append({"type": "reference_similarity", "image_index": 0, "metric": "ssim", "threshold": 0.9, "exact": exact})
     if ocr_answer:
         checks.append({"type": "answer_contains", "text": ocr_answer, "tool": "OCR"})
     for i, s in enumerate(plan.steps):
@@ -158,6 +173,20 @@ def tools_read(traj: Trajectory, tool: str, text: str) -> bool:
 
 def _deterministic(chain: Chain) -> bool:
     return all(REGISTRY[t].backend is Backend.PURE for t in chain.tools)
+
+
+# Model tools whose output, for the same input, is the same image up to numerical noise (CPU
+# Real-ESRGAN).
+REPRODUCIBLE = frozenset({"SR"})
+
+
+def _has_reference(chain: Chain) -> bool:
+    """Whether the reference solution's final image is the task's target: always for a
+    deterministic chain; for pure tools plus reproducible ones (matched by SSIM, not exactly)
+    only when the chain crops, since the size check cannot tell which region was upscaled."""
+    if _deterministic(chain):
+        return True
+    return "Crop" in chain.tools and all(REGISTRY[t].backend is Backend.PURE or t in REPRODUCIBLE for t in chain.tools)
 
 
 def _draw(shares: dict[str, float], rng: random.Random) -> str:
@@ -238,7 +267,7 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
         reference_calls = json.dumps([{"name": t.call.name, "arguments": t.call.arguments} for t in traj.turns if t.call is not None],
                                      ensure_ascii=False, sort_keys=True)
         final = traj.final_asset()
-        if cfg.reference_images and _deterministic(chain) and final is not None:
+        if cfg.reference_images and _has_reference(chain) and final is not None:
             if inputs and images_match(final.image, inputs[0].image):
                 return "reference_equals_input"  # doing nothing would already be right
             reference = png(final.image)
@@ -247,7 +276,7 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
             ocr_answer = text
         elif text and chain.tools[-1] == "OCR":
             return "reference_unreadable"  # the task's answer is not what its tool can read
-    checks = checks_for(plan, reference is not None, ocr_answer if chain.tools[-1] == "OCR" else None)
+    checks = checks_for(plan, reference is not None, ocr_answer if chain.tools[-1] == "OCR" else None, _deterministic(chain))
     n_before = len(checks)
     if traj is not None:
         checks = [c for c in checks if c["type"] == "reference_similarity" or _reference_passes(traj, c, ctx.toolbox)]

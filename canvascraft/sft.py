@@ -80,6 +80,8 @@ class _Live:
 def _live_state(episode: Episode, plan: Plan) -> _Live:
     n_in = len(plan.inputs)
     live = _Live(cur="img_1" if n_in else None, base="img_2" if n_in > 1 else None)
+    if n_in and plan.inputs[0].meta.get("cutout"):
+        live.cutout = "img_1"  # a ready RGBA cut-out given as input: no Extract needed
     for t in episode.trajectory.turns:
         if t.status != "ok" or t.call is None:
             continue
@@ -115,6 +117,8 @@ def step_call(step: Step, live: _Live) -> dict[str, Any]:
         args = {"image": img, "edit_prompt": p["edit_prompt"]}
     elif t == "Grounding":
         args = {"image": img, "reference_text": p["target"]}
+    elif step.clause == "Crop.region":
+        args = {"image": img, "bbox": _fmt_box(p["bbox"])}  # the region the instruction states
     elif t in ("Crop", "SAM"):
         if not live.boxes:
             raise LookupError("no_detection")

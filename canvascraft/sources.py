@@ -3,7 +3,9 @@
 A source hands the builder a `SourceImage`: the picture plus what is known about it (object
 labels to ground, text to read, how the text was turned or mirrored). Chains declare the tags
 they cannot do without (`needs`) and the ones they would like (`wants`, e.g. "rotated" for a
-Rotate chain, so the rotation has something to correct). The built-in source needs nothing
+Rotate chain, so the rotation has something to correct); the "rgba" need asks for a ready
+cut-out (a shape on a transparent background) that an object overlay can paste without an
+Extract step. The built-in source needs nothing
 downloaded: procedural scenes drawn with Pillow, plus the sample photographs that ship inside
 scikit-image and scikit-learn.
 """
@@ -137,6 +139,8 @@ class ProceduralSource:
 
     def sample(self, rng: random.Random, needs: frozenset[str], wants: frozenset[str]) -> SourceImage:
         size = self.size
+        if "rgba" in needs:
+            return cutout(rng, size)
         img = _background(rng, size)
         draw = ImageDraw.Draw(img)
         objects: list[dict[str, Any]] = []
@@ -193,6 +197,19 @@ class ProceduralSource:
         meta["objects"] = objects
         meta["caption"] = _caption(meta)
         return SourceImage(img, frozenset(tags), meta)
+
+
+def cutout(rng: random.Random, size: int = 256) -> SourceImage:
+    """A ready cut-out: one coloured shape on a fully transparent RGBA canvas (tag "rgba"), what
+    Extract would have produced, so an object overlay can run without Grounding/SAM backends."""
+    side = max(16, size // 3)
+    img = Image.new("RGBA", (side, side), (0, 0, 0, 0))
+    color, shape = rng.choice(list(COLORS)), rng.choice(SHAPES)
+    _draw_shape(ImageDraw.Draw(img), shape, (1, 1, side - 2, side - 2), COLORS[color])
+    label = f"{color} {shape}"
+    meta = {"origin": "procedural-cutout", "cutout": True, "objects": [{"label": label, "box": [0, 0, 1000, 1000]}],
+            "caption": f"a cut-out {label} on a transparent background"}
+    return SourceImage(img, frozenset({"image", "objects", "rgba", "procedural"}), meta)
 
 
 def _caption(meta: dict[str, Any]) -> str:
