@@ -6,8 +6,8 @@ Labels are always computed from the task that was built, never copied from the t
 target that could not be met shows up as `target_missed` in the stats rather than as a wrong
 label. Tasks carry verifiable checks for the offline alignment judge; when every tool of the
 reference solution is deterministic, the reference is executed through the episode runner and
-its final image becomes the expected image (matched exactly; by SSIM for a cropping chain whose
-only model tool is the reproducible SR).
+its final image becomes the expected image (matched exactly; also for a crop or rotation followed
+by OCR, which leaves the image alone, and by SSIM when the reproducible SR made it).
 """
 
 from __future__ import annotations
@@ -175,18 +175,28 @@ def _deterministic(chain: Chain) -> bool:
     return all(REGISTRY[t].backend is Backend.PURE for t in chain.tools)
 
 
-# Model tools whose output, for the same input, is the same image up to numerical noise (CPU
-# Real-ESRGAN).
+# Model tools that leave the image as it is (OCR answers in text), and model tools that redo
+# the same image for the same input up to numerical noise (CPU Real-ESRGAN).
+IMAGE_NEUTRAL = frozenset({"OCR"})
 REPRODUCIBLE = frozenset({"SR"})
 
 
 def _has_reference(chain: Chain) -> bool:
     """Whether the reference solution's final image is the task's target: always for a
-    deterministic chain; for pure tools plus reproducible ones (matched by SSIM, not exactly)
-    only when the chain crops, since the size check cannot tell which region was upscaled."""
+    deterministic chain; for pure tools plus image-neutral or reproducible model tools only when
+    the chain crops or rotates, whose box or angle no other check sees (and not when a caption
+    repeats what OCR read)."""
     if _deterministic(chain):
         return True
-    return "Crop" in chain.tools and all(REGISTRY[t].backend is Backend.PURE or t in REPRODUCIBLE for t in chain.tools)
+    tools = set(chain.tools)
+    if not tools & {"Crop", "Rotate"} or {"OCR", "Overlayer"} <= tools:
+        return False
+    return all(REGISTRY[t].backend is Backend.PURE or t in IMAGE_NEUTRAL | REPRODUCIBLE for t in tools)
+
+
+def _exact_reference(chain: Chain) -> bool:
+    """The reference image is matched exactly when every tool that makes an image is pure."""
+    return all(REGISTRY[t].backend is Backend.PURE or t in IMAGE_NEUTRAL for t in chain.tools)
 
 
 def _draw(shares: dict[str, float], rng: random.Random) -> str:
@@ -276,7 +286,7 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
             ocr_answer = text
         elif text and chain.tools[-1] == "OCR":
             return "reference_unreadable"  # the task's answer is not what its tool can read
-    checks = checks_for(plan, reference is not None, ocr_answer if chain.tools[-1] == "OCR" else None, _deterministic(chain))
+    checks = checks_for(plan, reference is not None, ocr_answer if chain.tools[-1] == "OCR" else None, _exact_reference(chain))
     n_before = len(checks)
     if traj is not None:
         checks = [c for c in checks if c["type"] == "reference_similarity" or _reference_passes(traj, c, ctx.toolbox)]
