@@ -34,27 +34,28 @@ import tempfile
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from PIL import Image  # noqa: E402
+from PIL import Image
 
-from canvasagent.episode import EpisodeConfig, run_episode  # noqa: E402
-from canvasagent.evaluation.tasks_io import TaskLoadError, task_from_record  # noqa: E402
-from canvasagent.formats.sharegpt import FormatError, read_record, to_record  # noqa: E402
-from canvasagent.imageio import ImageLoadError  # noqa: E402
-from canvasagent.policies import ReplayPolicy  # noqa: E402
-from canvasagent.replay import from_public, from_trajectory, replay  # noqa: E402
-from canvasagent.tasks import Task  # noqa: E402
-from canvasagent.trajectory import Trajectory, TrajectoryLoadError  # noqa: E402
-from rewards.config import RewardConfig  # noqa: E402
-from rewards.hybrid import HybridReward  # noqa: E402
-from rewards.rule import score_rule  # noqa: E402
-from toolserver.registry import REGISTRY, Backend  # noqa: E402
-from toolserver.toolbox import LocalToolbox  # noqa: E402
-from toolserver.validation import Profile  # noqa: E402
+from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.evaluation.tasks_io import TaskLoadError, task_from_record
+from canvasagent.formats.sharegpt import FormatError, read_record, to_record
+from canvasagent.imageio import ImageLoadError
+from canvasagent.policies import ReplayPolicy
+from canvasagent.replay import from_public, from_trajectory, replay
+from canvasagent.tasks import Task
+from canvasagent.trajectory import Trajectory, TrajectoryLoadError
+from rewards.config import RewardConfig
+from rewards.hybrid import HybridReward
+from rewards.rule import score_rule
+from toolserver.registry import REGISTRY, Backend
+from toolserver.toolbox import LocalToolbox
+from toolserver.validation import Profile
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fuzz.md"
 TOOLS = sorted(REGISTRY)
@@ -437,8 +438,8 @@ def report(tally: Tally, seconds: float, seed: int, hybrid_every: int, commit: s
     lines = [
         "# Pipeline fuzz (`benchmarks/fuzz.py`)",
         "",
-        f"Commit `{commit}`, seed {seed}, one process (OMP_NUM_THREADS=1), hybrid reward on every "
-        f"{hybrid_every}th episode.",
+        (f"Commit `{commit}`, seed {seed}, one process (OMP_NUM_THREADS=1), hybrid reward on every "
+         f"{hybrid_every}th episode."),
         "",
         f"**{n:,} cases, {unc} uncaught exceptions, {inv} broken invariants** in {seconds:.0f} s wall, "
         f"{tally.cpu_s:.0f} s CPU ({n / max(tally.cpu_s, 1e-9):.0f} cases per CPU second; the machine was shared, "
@@ -474,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import subprocess
 
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False,
                                 cwd=Path(__file__).parent).stdout.strip() or "unknown"
     except OSError:
         commit = "unknown"

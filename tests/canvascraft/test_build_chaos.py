@@ -18,7 +18,13 @@ import pytest
 
 import canvascraft.sft as sft_mod
 from canvascraft import formats
-from canvascraft.build import BuildWorkerDied, load_build_config, load_manifest, run_build, shard_files
+from canvascraft.build import (
+    BuildWorkerDied,
+    load_build_config,
+    load_manifest,
+    run_build,
+    shard_files,
+)
 
 PURE_TOOLS = str(Path(__file__).with_name("pure_tools.yaml"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +33,7 @@ pytestmark = pytest.mark.timeout(240)  # a hang is the bug under test: fail, do 
 
 
 def _cfg(**kw):
-    base = dict(n=8, seed=11, shard_size=2, workers=2, tools_config=PURE_TOOLS)
+    base = {"n": 8, "seed": 11, "shard_size": 2, "workers": 2, "tools_config": PURE_TOOLS}
     base.update(kw)
     return load_build_config("sft", **base)
 
