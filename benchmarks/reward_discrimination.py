@@ -13,6 +13,8 @@ tasks" but left out of every other column and target.
     python benchmarks/reward_discrimination.py [--n 24] [--out benchmarks/results/reward_discrimination.md]
     python benchmarks/reward_discrimination.py --save-trajectories runs/rd.pkl   # keep them
     python benchmarks/reward_discrimination.py --score runs/rd.pkl               # rescore saved ones
+    python benchmarks/reward_discrimination.py --chains offline --sources canvascraft --n 64
+                                       # the offline 2-3-tool chains (configs/canvascraft/rl_offline_chains.yaml)
 
 `--score` rescores saved trajectories with whatever `rewards` package is importable, which is
 how the "before" table was made: the same pickled trajectories scored by the tree before the
@@ -51,16 +53,26 @@ def scripted_tasks(n: int, toolbox: Any) -> list[Any]:
     return [attach_reference(t, toolbox) for t, _ in make_tasks(n, seed=1234)]
 
 
-def canvascraft_tasks(n: int, work: Path) -> list[Any]:
+def canvascraft_tasks(n: int, work: Path, chains: str = "single") -> list[Any]:
+    """`single`: the one-tool chains of CC_MIX; `offline`: the 2-3-tool offline chains."""
     from canvascraft.build import load_build_config, run_build, shard_files
     from canvascraft.formats import read_rows
     from canvascraft.rl import task_of
 
     easy = {"easy": 1}
-    cfg = load_build_config("rl", None, seed=7, workers=1, tools_config="offline", mix=CC_MIX, sr_input_side=64,
-                            n=n, eval_n=0, reasoning=easy, length=easy, diversity=easy)
+    if chains == "offline":
+        cfg = load_build_config("rl", "rl_offline_chains", seed=7, workers=1, n=n, eval_n=0)
+    else:
+        cfg = load_build_config("rl", None, seed=7, workers=1, tools_config="offline", mix=CC_MIX, sr_input_side=64,
+                                n=n, eval_n=0, reasoning=easy, length=easy, diversity=easy)
+    t0 = time.perf_counter()
     run_build("rl", cfg, work / "cc_rl", progress=False)
-    return [task_of(r) for r in read_rows(shard_files(work / "cc_rl", "rl", "train"))]
+    rows = read_rows(shard_files(work / "cc_rl", "rl", "train"))
+    mix: dict[str, int] = defaultdict(int)
+    for r in rows:
+        mix[r["chain"]] += 1
+    sys.stderr.write(f"CanvasCraft ({chains}) build: {len(rows)} rows in {time.perf_counter() - t0:.0f} s; mix {dict(sorted(mix.items()))}\n")
+    return [task_of(r) for r in rows]
 
 
 def easel_tasks(n: int, res: int = 64, n_strokes: int = 3) -> list[tuple[Any, Any]]:
@@ -92,7 +104,7 @@ def easel_tasks(n: int, res: int = 64, n_strokes: int = 3) -> list[tuple[Any, An
 # -- episodes -----------------------------------------------------------------------------------
 
 
-def run_all(n: int, work: Path) -> list[dict[str, Any]]:
+def run_all(n: int, work: Path, chains: str = "single", only: tuple[str, ...] = ("scripted", "canvascraft", "easel")) -> list[dict[str, Any]]:
     from canvasagent.config import make_toolbox
     from canvasagent.easel.agent import CanvasTools, NoToolbox, charge_refused, outcome_scores
     from canvasagent.easel.canvas import CanvasSession
@@ -101,13 +113,17 @@ def run_all(n: int, work: Path) -> list[dict[str, Any]]:
 
     toolbox = make_toolbox("offline")
     runs: list[dict[str, Any]] = []
-    sources = {"scripted": scripted_tasks(n, toolbox), "canvascraft": canvascraft_tasks(n, work)}
+    sources = {}
+    if "scripted" in only:
+        sources["scripted"] = scripted_tasks(n, toolbox)
+    if "canvascraft" in only:
+        sources["canvascraft"] = canvascraft_tasks(n, work, chains)
     for source, tasks in sources.items():
         for task in tasks:
             for pol in (ORACLE, *WRONG):
                 traj = run_episode(scripted_policy(pol, task), task, toolbox, EpisodeConfig(max_turns=12))
                 runs.append({"source": source, "policy": pol, "task": task.id, "traj": traj})
-    for et, task in easel_tasks(max(4, n // 3)):
+    for et, task in (easel_tasks(max(4, n // 3)) if "easel" in only else []):
         for pol in (ORACLE, *WRONG):
             session = CanvasSession.for_task(et)
             session.budget = et.budget
@@ -222,7 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--title", default="after: calibrated checks, strict success, gated aesthetics")
     ap.add_argument("--save-trajectories", type=Path, default=None, help="pickle the trajectories here")
     ap.add_argument("--score", type=Path, default=None, help="rescore pickled trajectories instead of running episodes")
+    ap.add_argument("--chains", choices=("single", "offline"), default="single",
+                    help="CanvasCraft tasks: the one-tool offline chains, or the 2-3-tool offline chains")
+    ap.add_argument("--sources", default="scripted,canvascraft,easel", help="comma-separated sources to run")
     args = ap.parse_args(argv)
+    only = tuple(s.strip() for s in args.sources.split(",") if s.strip())
+    if set(only) - {"scripted", "canvascraft", "easel"} or not only:
+        ap.error(f"--sources takes scripted, canvascraft and easel, not {args.sources!r}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("rewards", "canvasagent", "canvascraft", "toolserver"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
@@ -231,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = pickle.loads(args.score.read_bytes())
     else:
         with tempfile.TemporaryDirectory() as tmp:
-            runs = run_all(args.n, Path(tmp))
+            runs = run_all(args.n, Path(tmp), args.chains, only)
         if args.save_trajectories:
             args.save_trajectories.parent.mkdir(parents=True, exist_ok=True)
             args.save_trajectories.write_bytes(pickle.dumps([{k: v for k, v in r.items() if k != "scores"} for r in runs]))
