@@ -273,11 +273,13 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
 _EASEL_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "brush_stroke",
-        "Paints one quadratic Bezier brush stroke on the canvas. All 13 parameters are numbers in [0, 1] "
-        "(coordinates as fractions of the canvas side, 0,0 = top-left; values outside are refused): "
-        "start (xs, ys), control (xc, yc), end (xe, ye); radius and opacity at the start (rs, os) and end "
-        "(re, oe), linearly interpolated along the stroke; and one RGB colour (cr, cg, cb). EASEL-Data's "
-        "integer 0-1000 coordinates are divided by 1000 before this schema is checked (coords: int1000).",
+        # The path's units are the system prompt's to state (fractions in [0, 1], or EASEL-Data's
+        # integers 0-1000 with coords: int1000, rescaled before the [0, 1] check below), so this text
+        # holds for both and never contradicts the prompt.
+        "Paints one quadratic Bezier brush stroke on the canvas: start (xs, ys), control (xc, yc) and end "
+        "(xe, ye), in the coordinate convention the system prompt states (0,0 = top-left); radius and opacity "
+        "at the start (rs, os) and end (re, oe), linearly interpolated along the stroke; and one RGB colour "
+        "(cr, cg, cb). Radii, opacities and colours are numbers in [0, 1]; values outside their range are refused.",
         (
             _unit("xs", "Start x."),
             _unit("ys", "Start y."),

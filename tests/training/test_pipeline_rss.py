@@ -21,7 +21,9 @@ def test_peak_rss_sees_a_short_lived_allocation():
     peaks = rss.peaks()
     assert peaks["peak_rss_mb"] >= before + 150
     assert peaks["peak_anon_mb"] >= 150
-    assert _rss_mb()["rss"] < peaks["peak_rss_mb"] - 100  # gone after the stage; the peak stays
+    # The peak stays whatever the allocator does with the freed block afterwards (returned to the
+    # system alone; kept in a long-lived process such as the test suite).
+    assert peaks["peak_rss_mb"] >= _rss_mb()["rss"] - 5
 
 
 def test_report_lists_peak_rss_per_stage(tmp_path):
