@@ -44,7 +44,7 @@ from typing import Any
 import datasets
 
 from canvasagent.formats.sharegpt import iter_records, normalize_messages, to_record
-from canvasagent.imageio import open_image, to_png_bytes
+from canvasagent.imageio import open_image, resolve_path, to_png_bytes
 from canvasagent.trajectory import Trajectory
 
 _IMG = datasets.Image()
@@ -187,7 +187,11 @@ def _save_cells(cells: list[dict[str, Any]], out: Path, row_id: str) -> list[str
 
 
 def _load_cell(base: Path, rel: str | None) -> dict[str, Any] | None:
-    return {"bytes": (base / rel).read_bytes(), "path": None} if rel else None
+    """The image cell a public record names, read only from inside the record's folder (a path
+    that escapes it is refused with `ImageLoadError`)."""
+    if not rel:
+        return None
+    return {"bytes": resolve_path(rel, [base], base).read_bytes(), "path": None}
 
 
 def write_sharegpt(rows: list[dict[str, Any]], out_dir: str | Path, name: str = "sharegpt.json") -> Path:

@@ -13,7 +13,7 @@ check passed (`all_passed`), and the mean score is reported separately as partia
 
 | type | fields | score (calibration) | passes when |
 |---|---|---|---|
-| `reference_similarity` | exactly one source: `image_index` (into `task.meta["reference_images"]`), `path` (relative to `task.meta["root"]`) or `asset`; `metric` `ssim` (default) / `psnr` / `l1`; `size` (compare at this side, 128); `baseline` (asset ID, `img_1`; null: uncalibrated); `exact` (false); `threshold` (0.9) | gain = (sim(final, ref) − sim(baseline, ref)) / (1 − sim(baseline, ref)), clipped to [0, 1], times the size agreement min(w/w′, w′/w)·min(h/h′, h′/h). With `exact`, a pixel-exact match (same size, mean absolute difference ≤ `exact_tolerance`, 0.5/255) scores 1 and anything else scores `inexact_scale` (0.5) × gain | exact: the match is exact; otherwise score ≥ threshold |
+| `reference_similarity` | exactly one source: `image_index` (into `task.meta["reference_images"]`), `path` (relative to `task.meta["root"]`, which it may not leave) or `asset`; `metric` `ssim` (default) / `psnr` / `l1`; `size` (compare at this side, 128); `baseline` (asset ID, `img_1`; null: uncalibrated); `exact` (false); `threshold` (0.9) | gain = (sim(final, ref) − sim(baseline, ref)) / (1 − sim(baseline, ref)), clipped to [0, 1], times the size agreement min(w/w′, w′/w)·min(h/h′, h′/h). With `exact`, a pixel-exact match (same size, mean absolute difference ≤ `exact_tolerance`, 0.5/255) scores 1 and anything else scores `inexact_scale` (0.5) × gain | exact: the match is exact; otherwise score ≥ threshold |
 | `ocr_contains` | `text`; `case_sensitive` (false); `fuzzy` (true); `min_ratio` (0.6); `baseline` (`img_1`) | r = 1 if the OCR tool reads `text` in the final image, else (fuzzy) the best similarity ratio of `text` to a same-length window of what was read, and 0 below `min_ratio` (no credit for text that is not there); calibrated as (r − r₀) / (1 − r₀) with r₀ the same reading of the baseline. Unverifiable when the baseline already reads the text (doing nothing would pass) | the text is read exactly |
 | `answer_contains` | `text`; `tool` (OCR); `case_sensitive` (false) | 1 if a successful call of `tool` in the trajectory answered with `text` (normalised, spaces ignored), else 0; doing nothing answers nothing | score is 1 |
 | `size_relation` | `of` (asset ID, default `img_1`) with `factor` (final = factor × of, per side) or `relation` `larger` / `smaller` / `equal`; or absolute `width` / `height`; `tolerance` (relative, 0.02) | 1 or 0; a no-op fails any relation but `equal` | score is 1 |
@@ -47,7 +47,6 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -55,7 +54,7 @@ from PIL import Image
 from skimage.metrics import structural_similarity
 
 from canvasagent.assets import Asset, AssetStore
-from canvasagent.imageio import images_match, rgb_float
+from canvasagent.imageio import ImageLoadError, images_match, resolve_path, rgb_float
 from canvasagent.trajectory import Trajectory
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
@@ -232,9 +231,12 @@ def _reference(ctx: CheckContext, check: dict[str, Any]) -> Image.Image:
         ref = check["path"]
     if isinstance(ref, Image.Image):
         return ref
-    p = Path(str(ref))
-    if not p.is_absolute() and meta.get("root"):
-        p = Path(meta["root"]) / p
+    root = meta.get("root")
+    try:
+        # A task read from disk names its reference relative to its own folder and may not leave it.
+        p = resolve_path(str(ref), [root] if root else None, root)
+    except ImageLoadError as e:
+        raise CheckError(str(e)) from None
     if not p.exists():
         raise CheckError(f"reference image {str(p)!r} does not exist")
     with Image.open(p) as im:

@@ -69,3 +69,14 @@ def test_exact_targets_and_ocr_answers(offline_rl):
         assert [c["type"] for c in by_chain["OCR"]] == ["answer_contains"]
     stats = [s["stats"] for s in manifest["shards"].values()]
     assert all("checks_dropped" in s for s in stats)
+
+
+def test_public_rl_records_cannot_read_outside_their_folder(tmp_path):
+    from canvasagent.imageio import ImageLoadError
+
+    (tmp_path / "secret.png").write_bytes(b"not for you")
+    split = tmp_path / "split"
+    split.mkdir()
+    (split / "rl.json").write_text(json.dumps([{"path": ["Flip"], "image": ["../secret.png"], "prompt": "x", "extra_info": {"id": "a"}}]))
+    with pytest.raises(ImageLoadError):
+        formats.read_rl_json(split / "rl.json")

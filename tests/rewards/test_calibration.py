@@ -310,3 +310,17 @@ def test_presets_refuse_unknown_gate_and_fallback_policy(tmp_path):
         p.write_text("name: bad\nmode: paper\n" + bad)
         with pytest.raises(ValueError, match="aes_gate|on_excess_fallbacks"):
             RewardConfig.load(p)
+
+
+def test_a_reference_path_may_not_leave_the_task_root(tmp_path):
+    root = tmp_path / "split"
+    root.mkdir()
+    img = photo()
+    img.save(tmp_path / "secret.png")
+    img.save(root / "ref.png")
+    meta = {"root": str(root)}
+    inside = check(run([FULL, DONE], images=[img], meta=meta), {"type": "reference_similarity", "path": "ref.png", "baseline": None})
+    assert inside.score is not None
+    for bad in ("../secret.png", str(tmp_path / "secret.png")):
+        r = check(run([FULL, DONE], images=[img], meta=meta), {"type": "reference_similarity", "path": bad})
+        assert r.score is None and "malformed check" in r.reason
