@@ -6,8 +6,8 @@ Labels are always computed from the task that was built, never copied from the t
 target that could not be met shows up as `target_missed` in the stats rather than as a wrong
 label. Tasks carry verifiable checks for the offline alignment judge; when every tool of the
 reference solution is deterministic, the reference is executed through the episode runner and
-its final image becomes the expected image (matched exactly; also for a crop or rotation followed
-by OCR, which leaves the image alone, and by SSIM when the reproducible SR made it).
+its final image becomes the expected image (matched exactly; also for a crop or rotation with
+OCR, which leaves the image alone, and by SSIM when SR or a caption of OCR's reading shaped it).
 """
 
 from __future__ import annotations
@@ -175,28 +175,28 @@ def _deterministic(chain: Chain) -> bool:
     return all(REGISTRY[t].backend is Backend.PURE for t in chain.tools)
 
 
-# Model tools that leave the image as it is (OCR answers in text), and model tools that redo
-# the same image for the same input up to numerical noise (CPU Real-ESRGAN).
+# Model tools that leave the image as it is (OCR answers in text), and model tools that give the
+# same answer for the same input up to numerical noise (CPU Real-ESRGAN; OCR, whose reading a
+# caption may repeat).
 IMAGE_NEUTRAL = frozenset({"OCR"})
-REPRODUCIBLE = frozenset({"SR"})
+REPRODUCIBLE = frozenset({"SR", "OCR"})
 
 
 def _has_reference(chain: Chain) -> bool:
     """Whether the reference solution's final image is the task's target: always for a
     deterministic chain; for pure tools plus image-neutral or reproducible model tools only when
-    the chain crops or rotates, whose box or angle no other check sees (and not when a caption
-    repeats what OCR read)."""
+    the chain crops or rotates, whose box or angle no other check sees."""
     if _deterministic(chain):
         return True
     tools = set(chain.tools)
-    if not tools & {"Crop", "Rotate"} or {"OCR", "Overlayer"} <= tools:
-        return False
-    return all(REGISTRY[t].backend is Backend.PURE or t in IMAGE_NEUTRAL | REPRODUCIBLE for t in tools)
+    return bool(tools & {"Crop", "Rotate"}) and all(REGISTRY[t].backend is Backend.PURE or t in IMAGE_NEUTRAL | REPRODUCIBLE for t in tools)
 
 
-def _exact_reference(chain: Chain) -> bool:
-    """The reference image is matched exactly when every tool that makes an image is pure."""
-    return all(REGISTRY[t].backend is Backend.PURE or t in IMAGE_NEUTRAL for t in chain.tools)
+def _exact_reference(chain: Chain, plan: Plan) -> bool:
+    """The reference image is matched exactly when every tool that makes an image is pure and
+    no caption repeats what OCR read (the model's reading drawn into the image: matched by SSIM)."""
+    return all(REGISTRY[t].backend is Backend.PURE or t in IMAGE_NEUTRAL for t in chain.tools) and not any(
+        s.clause == "Overlayer.ocr" for s in plan.steps)
 
 
 def _draw(shares: dict[str, float], rng: random.Random) -> str:
@@ -286,7 +286,7 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
             ocr_answer = text
         elif text and chain.tools[-1] == "OCR":
             return "reference_unreadable"  # the task's answer is not what its tool can read
-    checks = checks_for(plan, reference is not None, ocr_answer if chain.tools[-1] == "OCR" else None, _exact_reference(chain))
+    checks = checks_for(plan, reference is not None, ocr_answer if chain.tools[-1] == "OCR" else None, _exact_reference(chain, plan))
     n_before = len(checks)
     if traj is not None:
         checks = [c for c in checks if c["type"] == "reference_similarity" or _reference_passes(traj, c, ctx.toolbox)]

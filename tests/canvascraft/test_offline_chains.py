@@ -1,7 +1,8 @@
 """Offline multi-tool chains (configs/canvascraft/chains_offline.yaml): every built task has 2-3
 tools, its reference solution runs offline, the oracle strictly passes its checks while doing
 nothing and the oracle with one wrong parameter (angle, box, asset) do not; Crop regions come
-from the instruction and an RGBA cut-out input stands in for Extract."""
+from the instruction and an RGBA cut-out input stands in for Extract; longer compositions of the
+same templates keep a reference image that pins the parameters."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def scoring():
 
 
 def _play(task, policy, toolbox, reward):
-    traj = run_episode(scripted_policy(policy, task), task, toolbox, EpisodeConfig(max_turns=6))
+    traj = run_episode(scripted_policy(policy, task), task, toolbox, EpisodeConfig(max_turns=10))
     scores = reward.score(traj)
     return scores, task_result(traj, scores, 0.5)
 
@@ -137,3 +138,21 @@ def test_sft_demonstrations_of_the_offline_chains(tmp_path):
     assert len(rows) == 6, stats
     assert set(stats[0]["chains"]) <= {c.name for c in OFFLINE}
     assert all(int(k) in (3, 4) for k in stats[0]["turns"])  # 2-3 tool turns and the final answer
+
+
+def test_composed_longer_tasks_keep_exact_parameter_checks(tmp_path, scoring):
+    """L-medium targets concatenate offline templates (5-8 steps); each task still has a reference
+    image, which the oracle matches and one wrong parameter does not."""
+    toolbox, reward = scoring
+    cfg = load_build_config("rl", "rl_offline_chains", n=6, eval_n=0, seed=5, workers=1, shard_size=6,
+                            length={"medium": 1}, diversity={"medium": 1, "hard": 1})
+    run_build("rl", cfg, tmp_path, progress=False)
+    rows = formats.read_rows(shard_files(tmp_path))
+    assert len(rows) == 6
+    for row in rows:
+        assert 5 <= row["n_steps"] <= 8 and row["reference_image"] is not None, row["chain"]
+        task = task_of(row)
+        good, good_res = _play(task, "oracle", toolbox, reward)
+        wrong, wrong_res = _play(task, "oracle_wrong_param", toolbox, reward)
+        assert good_res.success and good["align/passed"] == 1.0, (row["chain"], good)
+        assert not wrong_res.success and wrong["total"] < good["total"], (row["chain"], wrong)
