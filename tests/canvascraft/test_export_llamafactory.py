@@ -132,7 +132,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
 def test_any_existing_dataset_info_is_merged_or_refused(tmp_path, existing):
     # Whatever a dataset folder already holds: merged when it is a JSON object, else refused untouched.
     path = tmp_path / "dataset_info.json"
-    path.write_text(existing)
+    path.write_bytes(existing.encode("utf-8", "surrogatepass"))  # bytes as given: no newline translation
     try:
         parsed = json.loads(existing)
     except json.JSONDecodeError:
@@ -145,4 +145,4 @@ def test_any_existing_dataset_info_is_merged_or_refused(tmp_path, existing):
     else:
         with pytest.raises(ValueError):
             formats.write_dataset_info(tmp_path, "sharegpt.json")
-        assert path.read_text() == existing
+        assert path.read_bytes() == existing.encode("utf-8", "surrogatepass")
