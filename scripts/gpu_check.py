@@ -68,6 +68,10 @@ def meta_params(build) -> int:
 
     with torch.device("meta"):
         model = build()
+        # Tie shared embeddings explicitly: whether construction already did can depend on what
+        # else the process has loaded, and a tied head must count once.
+        if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and callable(getattr(model, "tie_weights", None)):
+            model.tie_weights()
     return sum(p.numel() for p in model.parameters())
 
 
