@@ -287,7 +287,8 @@ def _boxes(result: ToolResult) -> list[list[float]]:
     return out
 
 
-def _iou(a: list[float], b: list[float]) -> float:
+def box_iou(a: list[float], b: list[float]) -> float:
+    """Intersection over union of two [x0, y0, x1, y1] boxes (0 for empty ones)."""
     ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
     iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
     inter = ix * iy
@@ -515,7 +516,7 @@ def _grounding_finds(ctx: CheckContext, check: dict[str, Any], final: Image.Imag
         return _binary("grounding_finds", True, f"{text!r} found ({len(boxes)} boxes)")
     if not (isinstance(region, (list, tuple)) and len(region) == 4):
         raise CheckError("region must be [x0, y0, x1, y1] in 0-1000")
-    best = max(_iou([float(v) for v in region], b) for b in boxes)
+    best = max(box_iou([float(v) for v in region], b) for b in boxes)
     min_iou = float(check.get("min_iou", 0.1))
     score = min(1.0, best / min_iou) if min_iou > 0 else 1.0
     return CheckResult("grounding_finds", score, f"best IoU {best:.2f}", passed=score >= 1.0)

@@ -17,6 +17,7 @@ the turns and the conversation together, so the policy never sees assets that no
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -48,6 +49,22 @@ class Proposal:
     @property
     def terminates(self) -> bool:
         return self.parsed.terminate and self.parsed.call is None
+
+
+def parse_edit(text: str, proposal: Proposal) -> tuple[str, dict[str, Any]]:
+    """A person's edit of a proposed call: `{json}` (new arguments for the proposed tool) or
+    `Tool {json}` (another tool). Raises ValueError, naming what to write, for anything else."""
+    text = text.strip()
+    if text.startswith("{"):
+        name, args = (proposal.call.name if proposal.call else ""), json.loads(text)
+    else:
+        name, _, rest = text.partition(" ")
+        args = json.loads(rest or "{}")
+    if not name:
+        raise ValueError("the proposal has no call to edit; give Tool {json}")
+    if not isinstance(args, dict):
+        raise ValueError("the arguments must be a JSON object")
+    return name, args
 
 
 class Session:

@@ -7,7 +7,7 @@ import json
 from typing import Callable
 
 from canvasagent.episode import StepResult
-from canvasagent.interactive.session import Proposal, Session
+from canvasagent.interactive.session import Proposal, Session, parse_edit
 from canvasagent.policies.human import HELP, human_reply
 from canvasagent.protocol import format_reply
 from canvasagent.trajectory import Trajectory
@@ -75,15 +75,7 @@ class TerminalChat:
                 self._decide(proposal)
                 return
             try:
-                if text.startswith("{"):
-                    name, args = (proposal.call.name if proposal.call else ""), json.loads(text)
-                else:
-                    name, _, rest = text.partition(" ")
-                    args = json.loads(rest or "{}")
-                if not name:
-                    raise ValueError("the proposal has no call to edit; give Tool {json}")
-                if not isinstance(args, dict):
-                    raise ValueError("the arguments must be a JSON object")
+                name, args = parse_edit(text, proposal)
             except ValueError as e:  # json.JSONDecodeError is a ValueError
                 self.show(f"could not use that edit ({e}); nothing was executed. Try again.")
                 continue

@@ -26,7 +26,7 @@ from PIL import Image
 from canvasagent.config import make_toolbox
 from canvasagent.episode import EpisodeConfig, StepResult
 from canvasagent.imageio import load_image
-from canvasagent.interactive.session import Proposal, Session
+from canvasagent.interactive.session import Proposal, Session, parse_edit
 from canvasagent.policies.guards import GuardConfig, GuardedPolicy
 from canvasagent.policies.human import human_reply
 from canvasagent.policies.spec import build_policy
@@ -315,15 +315,7 @@ class UIController:
             res = s.approve(p)
         else:
             try:
-                if edit.startswith("{"):
-                    name, args = (p.call.name if p.call else ""), json.loads(edit)
-                else:
-                    name, _, rest = edit.partition(" ")
-                    args = json.loads(rest or "{}")
-                if not name:
-                    raise ValueError("the proposal has no call to edit; write Tool {json}")
-                if not isinstance(args, dict):
-                    raise ValueError("the arguments must be a JSON object")
+                name, args = parse_edit(edit, p)
             except ValueError as e:  # json.JSONDecodeError is a ValueError
                 return self.view(st, f"error: could not use that edit ({e}); nothing was executed")
             problem = s.check(format_reply("edit", {"name": name, "arguments": args}))

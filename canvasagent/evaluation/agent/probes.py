@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from rewards.checks import box_iou
 from toolserver.fonts import dejavu_sans
 
 # ------------------------------------------------------------------------------------ records
@@ -480,14 +481,6 @@ def _make_grounding(cond: dict[str, Any], index: int, settings: dict[str, Any]) 
     case.expected = None
     case.expected_tools = ["Grounding"]
     return case
-
-
-def box_iou(a: list[float], b: list[float]) -> float:
-    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = ix * iy
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
 
 
 def _measure_grounding(case: Case, out: Output, settings: dict[str, Any]) -> tuple[dict[str, float], bool]:
