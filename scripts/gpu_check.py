@@ -68,11 +68,14 @@ def meta_params(build) -> int:
 
     with torch.device("meta"):
         model = build()
-        # Tie shared embeddings explicitly: whether construction already did can depend on what
-        # else the process has loaded, and a tied head must count once.
-        if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and callable(getattr(model, "tie_weights", None)):
-            model.tie_weights()
-    return sum(p.numel() for p in model.parameters())
+    n = sum(p.numel() for p in model.parameters())
+    # A tied output head counts once. Whether construction tied it on the meta device can depend
+    # on what else the process has loaded, so count what the tied model holds.
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+        if out is not None and inp is not None and out.weight is not inp.weight:
+            n -= out.weight.numel()
+    return n
 
 
 def dry_run() -> dict[str, Any]:
