@@ -260,13 +260,16 @@ class Trajectory:
                 if asset.id != a["id"]:
                     raise ValueError(f"asset order is inconsistent: {asset.id} != {a['id']}")
         task = Task.from_dict(d.get("task") or {}, inputs)
+        meta = d.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise ValueError(f"meta must be an object, not {type(meta).__name__}")
         return cls(
             task=task,
             assets=store,
             turns=[Turn.from_dict(t) for t in d.get("turns", [])],
             stop_reason=d.get("stop_reason", "running"),
             system_prompt=d.get("system_prompt", ""),
-            meta=d.get("meta") or {},
+            meta=meta,
         )
 
     @classmethod

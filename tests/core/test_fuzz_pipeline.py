@@ -219,12 +219,15 @@ def mutated_trajectories(draw):
         where = draw(st.sampled_from(["task", "turns", "assets", "top"]))
         if where == "top":
             d[draw(st.sampled_from(sorted(d)))] = draw(values)
-        elif where == "assets" and d["assets"]:
+        # An earlier mutation may have replaced a whole section; mutate inside only what is still a
+        # list of objects.
+        elif where == "assets" and isinstance(d.get("assets"), list) and d["assets"]:
             a = d["assets"][draw(st.integers(0, len(d["assets"]) - 1))]
-            a[draw(st.sampled_from(["id", "file", "kind", "provenance", "mode"]))] = draw(st.one_of(paths, values))
-        elif where == "turns" and d["turns"]:
+            if isinstance(a, dict):
+                a[draw(st.sampled_from(["id", "file", "kind", "provenance", "mode"]))] = draw(st.one_of(paths, values))
+        elif where == "turns" and isinstance(d.get("turns"), list) and d["turns"] and isinstance(d["turns"][0], dict) and d["turns"][0]:
             d["turns"][0][draw(st.sampled_from(sorted(d["turns"][0])))] = draw(values)
-        elif isinstance(d.get("task"), dict):
+        elif isinstance(d.get("task"), dict) and d["task"]:
             d["task"][draw(st.sampled_from(sorted(d["task"])))] = draw(values)
     return traj, d
 
