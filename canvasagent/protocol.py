@@ -212,7 +212,8 @@ def parse_reply(text: Any) -> ParsedReply:
         if call is not None:
             out.calls.append(call)
 
-    n_term = text.count(TERMINATE)
+    # Only a tag outside the call blocks counts: `<Terminate>` inside a call's JSON is data.
+    n_term = _CALL_RE.sub("", text).count(TERMINATE)
     out.terminate = n_term > 0
     if n_term > 1:
         f.append(Finding(FindingCode.MULTIPLE_TERMINATES, "<Terminate> appears more than once"))
