@@ -307,13 +307,23 @@ def _ink_colour(base: Image.Image, out: Image.Image) -> tuple[float, float, floa
     return tuple(float(v) for v in np.median(core, axis=0))  # type: ignore[return-value]
 
 
-def _measure_overlay(case: Case, out: Output, settings: dict[str, Any]) -> tuple[dict[str, float], bool]:
+def _read_word(case: Case, out: Output, settings: dict[str, Any]) -> tuple[list, list, str, float] | None:
+    """OCR of the output against the case's word: (lines, boxes, best line, accuracy), recorded in
+    `case.truth["read"]`; None without an output image or an OCR tool."""
     ocr = settings.get("_ocr")
     if out.image is None or ocr is None:
-        return {"char_accuracy": 0.0}, False
+        return None
     lines, boxes = ocr(out.image)
     line, acc = best_reading(lines, case.truth["word"])
     case.truth["read"] = line
+    return lines, boxes, line, acc
+
+
+def _measure_overlay(case: Case, out: Output, settings: dict[str, Any]) -> tuple[dict[str, float], bool]:
+    read = _read_word(case, out, settings)
+    if read is None:
+        return {"char_accuracy": 0.0}, False
+    lines, boxes, line, acc = read
     metrics: dict[str, float] = {"char_accuracy": round(acc, 3)}
     w, h = case.truth["canvas"]
     if line and line in lines:
@@ -503,12 +513,10 @@ def _make_generation(cond: dict[str, Any], index: int, settings: dict[str, Any])
 
 
 def _measure_generation(case: Case, out: Output, settings: dict[str, Any]) -> tuple[dict[str, float], bool]:
-    ocr = settings.get("_ocr")
-    if out.image is None or ocr is None:
+    read = _read_word(case, out, settings)
+    if read is None:
         return {"char_accuracy": 0.0}, False
-    lines, _ = ocr(out.image)
-    line, acc = best_reading(lines, case.truth["word"])
-    case.truth["read"] = line
+    acc = read[3]
     return {"char_accuracy": round(acc, 3)}, acc >= float(settings.get("min_char_accuracy", 1.0))
 
 
