@@ -17,6 +17,7 @@ from typing import Any, Callable
 from PIL import Image
 
 from canvasagent.assets import AssetStore, Provenance
+from canvasagent.image_budget import apply_image_budget, check_budget
 from canvasagent.imageio import DEFAULT_MAX_INPUT_PIXELS, ImageLoadError
 from canvasagent.protocol import ToolCall, echo_plain, echo_saved, parse_reply, render_system_prompt
 from canvasagent.tasks import Task
@@ -43,6 +44,12 @@ class EpisodeConfig:
     # terminates, as a GRPO rollout ends there; otherwise the reply gets an error observation
     # and the policy is asked again.
     end_without_call: bool = False
+    # The image-context budget (canvasagent.image_budget): the policy is shown the last N tool
+    # images, older ones as their asset-ID text. None: every image.
+    image_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        check_budget(self.image_budget)
 
 
 @dataclass
@@ -111,6 +118,11 @@ class Episode:
         self.messages = [{"role": "system", "content": [{"type": "text", "text": system}]}, user_message(task)]
         self.done = False
         return self.messages
+
+    def context(self) -> list[Message]:
+        """The messages a policy is shown now: `messages` under the config's image budget
+        (`messages` itself when there is none)."""
+        return apply_image_budget(self.messages, self.config.image_budget)[0]
 
     def step(self, reply: str, policy_s: float = 0.0) -> StepResult:
         traj = self._require_running()
@@ -282,7 +294,7 @@ def run_episode(
         while not ep.done:
             t0 = time.perf_counter()
             try:
-                reply = policy.act(ep.messages, ep)
+                reply = policy.act(ep.context(), ep)
             except KeyboardInterrupt:
                 raise
             except Exception as e:  # an endpoint down or a crashing model: keep what we have

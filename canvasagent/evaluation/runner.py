@@ -58,6 +58,9 @@ class EvalConfig:
     tools_in_system_prompt: bool = True
     # The training layout: a reply without a tool call ends the episode, as it ends a GRPO rollout.
     end_without_call: bool = False
+    # The image-context budget (canvasagent.image_budget): the policy sees the last N tool images,
+    # older ones as their asset-ID text; None: every image. Match the checkpoint's training setting.
+    image_budget: int | None = None
 
 
 def task_dir_name(task_id: str) -> str:
@@ -132,7 +135,7 @@ class EvalRunner:
             shutil.rmtree(d)
         policy = _CancellablePolicy(self.factory.for_task(task), self.config.guard, self.cancel)
         ecfg = EpisodeConfig(max_turns=self.config.max_turns, family=task.family, tools_in_system_prompt=self.config.tools_in_system_prompt,
-                             end_without_call=self.config.end_without_call)
+                             end_without_call=self.config.end_without_call, image_budget=self.config.image_budget)
         traj = run_episode(policy, task, self._toolbox(), ecfg)
         traj.meta["policy"] = self.factory.name
         traj.save(d)  # before scoring: a scorer crash must not lose the episode
