@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from canvasagent.config import REPO_ROOT, find_config, from_dict, load_yaml
+from canvasagent.image_budget import check_budget
 
 TINY = "tiny"  # model.name_or_path value meaning "build the tiny offline Qwen3-VL under the run dir"
 
@@ -142,6 +143,9 @@ class TrainConfig:
     easel: EaselSection = field(default_factory=EaselSection)
     run: RunSection = field(default_factory=RunSection)
     max_length: int | None = None  # SFT truncation (None: never truncate; a cut image breaks the sample)
+    # The image-context budget (canvasagent.image_budget): SFT rows, GRPO rollouts and the held-out
+    # evaluation show the last N tool images, older ones as their asset-ID text. None: every image.
+    image_budget: int | None = None
     trl_args: dict[str, Any] = field(default_factory=dict)  # any other SFTConfig/GRPOConfig field
 
     @classmethod
@@ -158,6 +162,7 @@ class TrainConfig:
             raise ValueError(f"kind must be sft or grpo, got {self.kind!r}")
         if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json", "mixed", "easel", "easel-data"):
             raise ValueError(f"unknown data.format {self.data.format!r}")
+        check_budget(self.image_budget)
         if self.easel.coords not in ("unit", "int1000"):
             raise ValueError(f"easel.coords must be unit or int1000, got {self.easel.coords!r}")
         if self.data.format == "easel":

@@ -6,6 +6,7 @@ import json
 import logging
 from typing import Any, Callable
 
+from canvasagent.image_budget import apply_image_budget
 from canvasagent.tasks import Task
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.messages import prompt_messages, sft_example
@@ -59,7 +60,7 @@ def sft_rows(cfg: TrainConfig, system: str, toolbox_factory: Callable[[], Any]) 
         from canvasagent.training.scripted import run_reference
 
         toolbox = toolbox_factory()
-        return [sft_example(run_reference(t, r, toolbox), system) for t, r in scripted_tasks(cfg)]
+        return [sft_example(run_reference(t, r, toolbox), system, cfg.image_budget) for t, r in scripted_tasks(cfg)]
     return _canvascraft_sft_rows(cfg, system)
 
 
@@ -122,7 +123,8 @@ def _canvascraft_sft_rows(cfg: TrainConfig, system: str) -> list[dict[str, Any]]
 
     out = []
     for row in _canvascraft_rows(cfg, "sft"):
-        ex = sft_example(trajectory_of(row), system) if row.get("trajectory") else sharegpt_example(row, system)
+        ex = (sft_example(trajectory_of(row), system, cfg.image_budget) if row.get("trajectory")
+              else sharegpt_example(row, system, cfg.image_budget))
         # Images loaded from a temporary folder remember its path, and `datasets` would store the
         # path instead of the pixels; copies carry the pixels only.
         ex["images"] = [im.copy() for im in ex["images"]]
@@ -132,8 +134,9 @@ def _canvascraft_sft_rows(cfg: TrainConfig, system: str) -> list[dict[str, Any]]
     return out
 
 
-def sharegpt_example(row: dict[str, Any], system: str) -> dict[str, Any]:
-    """A public ShareGPT row (`<image>` placeholders in string contents) in our layout."""
+def sharegpt_example(row: dict[str, Any], system: str, image_budget: int | None = None) -> dict[str, Any]:
+    """A public ShareGPT row (`<image>` placeholders in string contents) in our layout, under
+    `image_budget` (`canvasagent.image_budget`; None: every image)."""
     from canvasagent.imageio import open_image
     from canvasagent.training.messages import assistant_message
 
@@ -153,7 +156,8 @@ def sharegpt_example(row: dict[str, Any], system: str) -> dict[str, Any]:
             if part:
                 content.append({"type": "text", "text": part})
         messages.append({"role": role, "content": content})
-    return {"messages": messages, "images": [open_image(c["bytes"]) for c in row["images"]]}
+    messages, images = apply_image_budget(messages, image_budget, [open_image(c["bytes"]) for c in row["images"]])
+    return {"messages": messages, "images": images}
 
 
 def _canvascraft_tasks(cfg: TrainConfig) -> list[Task]:

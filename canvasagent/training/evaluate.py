@@ -95,9 +95,12 @@ def evaluate_model(
     model: Any = None,
     processor: Any = None,
     resume: bool = True,
+    image_budget: int | None = None,
 ) -> EvalResult:
     """Greedy by default; with `temperature > 0`, `samples` episodes per task (scores averaged per
-    task). Trajectories and per-task results go under `out_dir`; a rerun resumes there."""
+    task). Trajectories and per-task results go under `out_dir`; a rerun resumes there.
+    `image_budget`: the training setting (`canvasagent.image_budget`), so the policy sees the
+    context it was trained on."""
     from canvasagent.evaluation.runner import EvalConfig, EvalRunner
     from canvasagent.policies.hf_local import HFGenerationConfig, HFLocalPolicy
 
@@ -109,6 +112,7 @@ def evaluate_model(
         tools_in_system_prompt=False,
         # As in a GRPO rollout, which TRL ends at the first reply without a tool call.
         end_without_call=True,
+        image_budget=image_budget,
         # No early stop on invalid replies: a weak checkpoint's format validity is what we measure.
         guard=GuardConfig(max_consecutive_invalid=0),
     )

@@ -102,6 +102,7 @@ def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
         peft_config=peft_config(cfg),
         callbacks=[RewardCurves(ws.output_dir), CompleteCheckpoints(ws.model_path), _return_freed_heap(), *(callbacks or [])],
         tool_concurrency=ToolConcurrency.from_tools_config(load_tools_config(cfg)),
+        image_budget=cfg.image_budget,
     )
     return trainer, processor, ws
 

@@ -5,6 +5,10 @@
     assistant: "<reason>…</reason>" + tool_calls=[{name, arguments}]   or   "<reason>…</reason><Terminate>"
     tool     : [<image>] + observation text ending in the imglist echo
 
+Under an image budget (`canvasagent.image_budget`, the `image_budget` setting) a tool image older
+than the last K becomes its asset-ID text in place; SFT rows, GRPO rollouts and evaluation apply
+the same function to the same conversation.
+
 GRPO renders the prompt with `tools=` (TRL passes the environment's methods), so the template
 writes the tool block itself. TRL's VLM SFT collator does not pass `tools=`, so SFT rows carry the
 exact same system text, pre-rendered by `system_text()`; a test checks the two are byte-identical.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from canvasagent.image_budget import apply_image_budget
 from canvasagent.protocol import parse_reply, render_system_prompt
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory
@@ -79,8 +84,11 @@ def assistant_message(reply: str) -> Message:
     return {"role": "assistant", "content": _text(reply)}
 
 
-def sft_example(traj: Trajectory, system: str) -> dict[str, Any]:
-    """A trajectory as an SFT row: `messages` with image placeholders + `images` in placeholder order."""
+def sft_example(traj: Trajectory, system: str, image_budget: int | None = None) -> dict[str, Any]:
+    """A trajectory as an SFT row: `messages` with image placeholders + `images` in placeholder order.
+
+    `image_budget`: the last N tool images stay images, older ones their asset-ID text (None: all).
+    """
     messages: list[Message] = [
         {"role": "system", "content": _text(system)},
         {"role": "user", "content": user_content(traj.task)},
@@ -96,7 +104,8 @@ def sft_example(traj: Trajectory, system: str) -> dict[str, Any]:
             images.append(traj.assets.get(turn.output_id).image)
         content += _text(turn.observation)
         messages.append({"role": "tool", "name": turn.call.name if turn.call else "error", "content": content})
-    return {"messages": messages, "images": images}
+    messages, kept = apply_image_budget(messages, image_budget, images)
+    return {"messages": messages, "images": kept}
 
 
 def fill_images(batch: dict[str, list]) -> dict[str, list]:

@@ -45,6 +45,20 @@ in its own order. One rollout's calls still run in order on its own environment;
 rollouts run at once, each under its tool's concurrency cap (``ToolConcurrency``, from the tools
 config). Standalone ``tools=`` functions (shared, maybe not thread-safe) run as TRL runs them.
 
+Image-context budget
+--------------------
+With ``image_budget`` K (``canvasagent.image_budget``), a rollout's conversation is kept, after every
+tool turn, as ``apply_image_budget`` renders it: the tool images older than the last K become their
+asset-ID text. TRL builds each turn's input by appending the new tool turn's tokens
+(``_get_tool_suffix_ids``) to the rollout's ids, so the override of that method (1) applies the
+budget to the rollout's messages, (2) re-renders each earlier tool turn that lost an image with the
+same method and splices it into the rollout's ids (and sampling log-probs), and (3) leaves the
+dropped images out of the images the next generation and the loss forward get, so image
+placeholders and images always agree. Tool turns are tool tokens (mask 0), so no sampled token
+changes; the tool mask is re-spliced when the loop returns. A tool turn TRL is about to roll back
+as overlong evicts nothing. The loss forward scores the final sequence (see the budget module on
+what that means for early turns).
+
 Checked against TRL 1.16.0 only, the newest release on PyPI when this was written, so upgrading is
 no way out. On another version the override's signature is verified: a changed one refuses to
 build, an unchanged one runs with a warning to re-check whether upstream fixed the bug.
@@ -63,6 +77,8 @@ from typing import Any
 
 from trl import GRPOTrainer
 
+from canvasagent.image_budget import apply_image_budget, check_budget
+
 log = logging.getLogger(__name__)
 
 CHECKED_TRL_VERSIONS: tuple[str, ...] = ("1.16.0",)
@@ -73,6 +89,7 @@ _OVERRIDDEN: dict[str, tuple[str, ...]] = {
     "_tool_call_loop": (
         "self", "prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields",
     ),
+    "_get_tool_suffix_ids": ("self", "tool_messages"),
 }
 # TRL attributes the overrides read (set in GRPOTrainer.__init__; the tool loop's per-batch
 # `_sync_tool_dicts` and `environments` are checked where they are used).
@@ -305,16 +322,115 @@ class _TurnPrefetch:
         return fn(**arguments)
 
 
+class _RolloutBudget:
+    """The image budget over the rollouts of one `_tool_call_loop` call (see the module doc).
+
+    Holds TRL's per-batch lists (`prompts[i]` is rollout i's whole conversation, sharing its tool
+    message dicts with `completions[i]`) and, per rollout, where each tool turn sits in
+    `completion_ids[i]` and which of TRL's collected tool images (in collection order) were dropped.
+    """
+
+    def __init__(self, budget: int, prompts, prompt_ids, completion_ids, completions, logprobs, images,
+                 render: Callable[[list[dict[str, Any]]], list[int]], overlong: Callable[[int, int], bool]):
+        self.budget = budget
+        self.prompts, self.prompt_ids, self.completion_ids = prompts, prompt_ids, completion_ids
+        self.completions, self.logprobs = completions, logprobs
+        self.render, self.overlong = render, overlong
+        n = len(completion_ids)
+        self.n_inputs = [len(images[i] or []) if images is not None else 0 for i in range(n)]
+        self.segments: list[list[list[Any]]] = [[] for _ in range(n)]  # [start, length, tool messages]
+        self.slots: list[list[tuple[int, int]]] = [[] for _ in range(n)]  # (id(message), part) per tool image
+        self.dropped: list[set[int]] = [set() for _ in range(n)]
+        self.splices: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]  # (start, old len, new len)
+        # Rollouts whose new tool turn TRL keeps this iteration, in TRL's order (cleared by the
+        # iteration's generation).
+        self.active: list[int] = []
+
+    def rollout_of(self, tool_messages: list[dict[str, Any]]) -> int | None:
+        last = tool_messages[-1] if tool_messages else None
+        return next((i for i, c in enumerate(self.completions) if c and c[-1] is last), None)
+
+    def suffix(self, i: int, tool_messages: list[dict[str, Any]]) -> list[int]:
+        """Apply the budget to rollout i after its new tool turn; returns the turn's token ids."""
+        conv = self.prompts[i]
+        budgeted, _ = apply_image_budget(conv, self.budget)
+        changed = {id(conv[k]): (conv[k], conv[k]["content"], budgeted[k]["content"])
+                   for k in range(len(conv)) if budgeted[k] is not conv[k]}
+        new_slots = [(id(m), p) for m in tool_messages for p, part in enumerate(m.get("content") or [])
+                     if isinstance(m.get("content"), list) and isinstance(part, dict) and part.get("type") == "image"]
+        for msg, _, content in changed.values():
+            msg["content"] = content
+        ids, lps = list(self.completion_ids[i]), None if self.logprobs is None else list(self.logprobs[i])
+        segments = [list(s) for s in self.segments[i]]
+        splices = []
+        shift = 0
+        for seg in segments:
+            seg[0] += shift
+            if any(id(m) in changed for m in seg[2]):
+                start, old_len = seg[0], seg[1]
+                new = self.render(seg[2])
+                ids[start:start + old_len] = new
+                if lps is not None:
+                    lps[start:start + old_len] = [0.0] * len(new)
+                splices.append((start, old_len, len(new)))
+                seg[1] = len(new)
+                shift += len(new) - old_len
+        suffix = self.render(tool_messages)
+        if self.overlong(i, len(ids) + len(suffix)):
+            # TRL drops this tool turn: leave the rollout as it was and hand TRL its own suffix.
+            for msg, content, _ in changed.values():
+                msg["content"] = content
+            return self.render(tool_messages)
+        self.completion_ids[i] = ids
+        if lps is not None:
+            self.logprobs[i][:] = lps
+        segments.append([len(ids), len(suffix), list(tool_messages)])
+        self.segments[i] = segments
+        self.splices[i] += splices
+        self.slots[i] += new_slots
+        gone = {(id(m), p) for m, old, new in changed.values() for p, (a, b) in enumerate(zip(old, new)) if a is not b}
+        self.dropped[i] |= {k for k, slot in enumerate(self.slots[i]) if slot in gone}
+        self.active.append(i)
+        return suffix
+
+    def kept_images(self, i: int, images: list[Any] | None) -> list[Any] | None:
+        """Rollout i's images (inputs first, then TRL's collected tool images) without the dropped ones."""
+        if not images:
+            return images
+        n_in = self.n_inputs[i]
+        if len(images) != n_in + len(self.slots[i]):
+            raise RuntimeError(
+                f"rollout {i}: {len(images)} images for {n_in} inputs and {len(self.slots[i])} tool images; "
+                "re-check CanvasGRPOTrainer's image budget against this TRL"
+            )
+        return list(images[:n_in]) + [im for k, im in enumerate(images[n_in:]) if k not in self.dropped[i]]
+
+    def fix_tool_mask(self, tool_mask: list[list[int]]) -> None:
+        """Apply the recorded splices to TRL's tool mask (it was extended, never spliced)."""
+        for i, splices in enumerate(self.splices):
+            for start, old_len, new_len in splices:
+                if any(tool_mask[i][start:start + old_len]):
+                    raise RuntimeError(f"rollout {i}: an image budget splice covers model tokens")
+                tool_mask[i][start:start + old_len] = [0] * new_len
+
+    def filter_tool_images(self, tool_images: list[list[Any]]) -> list[list[Any]]:
+        return [[im for k, im in enumerate(imgs) if k not in self.dropped[i]] for i, imgs in enumerate(tool_images)]
+
+
 class CanvasGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose sampled turns never hold a vision placeholder token and whose environment
     tool calls run concurrently across rollouts (see the module doc).
 
     `tool_concurrency`: pool size and per-tool caps (default: one thread per rollout, no caps);
-    `ToolConcurrency(enabled=False)` keeps TRL's serial tool loop.
+    `ToolConcurrency(enabled=False)` keeps TRL's serial tool loop. `image_budget`: keep the last N
+    tool images of each rollout, older ones as their asset-ID text (None: every image).
     """
 
-    def __init__(self, *args: Any, tool_concurrency: ToolConcurrency | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, tool_concurrency: ToolConcurrency | None = None, image_budget: int | None = None,
+                 **kwargs: Any) -> None:
         check_trl_compat()
+        self.image_budget = check_budget(image_budget)
+        self._budget_state: _RolloutBudget | None = None
         super().__init__(*args, **kwargs)
         limits = tool_concurrency or ToolConcurrency()
         self.tool_runner: ConcurrentToolRunner | None = ConcurrentToolRunner(limits) if limits.enabled else None
@@ -335,6 +451,11 @@ class CanvasGRPOTrainer(GRPOTrainer):
             log.info("GRPO on vLLM: turns that sample a vision placeholder %s are cut before it", sorted(self._vision_token_ids))
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        state = self._budget_state
+        if state is not None:
+            if images is not None and any(state.dropped[i] for i in state.active):
+                images, multimodal_fields = self._budgeted_images(state, images)
+            state.active = []
         completion_ids, logprobs = super()._generate_single_turn(
             prompt_ids, images, multimodal_fields, num_generations, has_tool_images
         )
@@ -350,7 +471,61 @@ class CanvasGRPOTrainer(GRPOTrainer):
             )
         return completion_ids, logprobs
 
+    def _budgeted_images(self, state: _RolloutBudget, images: list[Any]) -> tuple[list[Any], dict[str, Any]]:
+        """A tool-loop generation's images without the dropped ones, and their processor fields
+        (computed as TRL computes them for tool images)."""
+        from transformers import Trainer
+
+        if len(images) != len(state.active):
+            raise RuntimeError(f"{len(images)} image lists for {len(state.active)} rollouts in the tool loop")
+        images = [state.kept_images(i, imgs) for i, imgs in zip(state.active, images)]
+        flat = [im for imgs in images if imgs for im in imgs]
+        if not flat:
+            return images, {}
+        fields = self.processing_class.image_processor(images=flat, return_tensors="pt")
+        return images, dict(Trainer._prepare_inputs(self, fields))
+
+    def _max_model_len(self) -> int:
+        # As TRL's tool loop bounds a sequence.
+        if self.use_vllm and self.vllm_mode == "colocate":
+            return self.vllm_generation.llm.llm_engine.model_config.max_model_len
+        config = self.model.config.text_config if self._is_vlm else self.model.config
+        return config.max_position_embeddings
+
+    def _get_tool_suffix_ids(self, tool_messages):
+        state = self._budget_state
+        i = state.rollout_of(tool_messages) if state is not None else None
+        if i is None:
+            return super()._get_tool_suffix_ids(tool_messages)
+        return state.suffix(i, tool_messages)
+
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
+        if self.image_budget is None:
+            return self._concurrent_tool_call_loop(
+                prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
+            )
+        max_len = self._max_model_len()
+
+        def overlong(i: int, completion_len: int) -> bool:
+            return completion_len > self.max_completion_length or len(prompt_ids[i]) + completion_len >= max_len
+
+        state = _RolloutBudget(
+            self.image_budget, prompts, prompt_ids, completion_ids, completions, logprobs, images,
+            render=lambda msgs: GRPOTrainer._get_tool_suffix_ids(self, msgs), overlong=overlong,
+        )
+        self._budget_state = state
+        try:
+            out = self._concurrent_tool_call_loop(
+                prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
+            )
+        finally:
+            self._budget_state = None
+        tool_mask, completions, completion_ids, logprobs, n_calls, n_failed, tool_images = out
+        state.fix_tool_mask(tool_mask)
+        return tool_mask, completions, completion_ids, logprobs, n_calls, n_failed, state.filter_tool_images(tool_images)
+
+    def _concurrent_tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images,
+                                   multimodal_fields):
         runner = self.tool_runner
         tool_dicts = getattr(self, "_sync_tool_dicts", None)
         environments = getattr(self, "environments", None)
