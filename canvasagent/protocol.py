@@ -19,7 +19,7 @@ from canvasagent.models.special_tokens import REASON_END as REASON_CLOSE
 from canvasagent.models.special_tokens import REASON_START as REASON_OPEN
 from canvasagent.models.special_tokens import TOOL_CALL_END as CALL_CLOSE
 from canvasagent.models.special_tokens import TOOL_CALL_START as CALL_OPEN
-from toolserver.registry import openai_schemas, tool_names
+from toolserver.registry import OutputKind, get_tool, openai_schemas, producers, tool_names, tools
 
 __all__ = ["PROTOCOL_TOKENS", "TERMINATE", "REASON_OPEN", "REASON_CLOSE", "CALL_OPEN", "CALL_CLOSE", "parse_reply"]
 
@@ -254,14 +254,46 @@ def echo_plain(tool_text: str, imglist: str) -> str:
 
 # -- system prompt -----------------------------------------------------------------------------
 
+# How the chain rules name a kind a tool gets or gives.
+_KIND_NOUN = {OutputKind.BOXES: "a box", OutputKind.MASK: "a mask", OutputKind.RGBA: "an RGBA image"}
+
+
+def _dependency_path(kind: OutputKind) -> list[str]:
+    """The tools that lead to `kind`: its producer, preceded by the producers of what it needs
+    that only an earlier call can give."""
+    tool = get_tool(producers(kind)[0])
+    earlier = [n for n in tool.needs() if not n.from_task]
+    return (_dependency_path(earlier[0].kind) if earlier else []) + [tool.name]
+
+
+def _chain_rules() -> str:
+    """The canvasagent chain rules, stated from the registry's `requires`/`produces`."""
+    path = _dependency_path(OutputKind.RGBA)
+    steps = []
+    for i, name in enumerate(path):
+        spec = get_tool(name)
+        need = next((n for n in spec.needs() if not n.from_task), None)
+        if need is None:
+            steps.append(f"{name} (get {_KIND_NOUN[spec.output]})")
+            continue
+        given = f"{need.arg} = the {path[i - 1]} output" if need.kind.registers_asset else f"{need.arg} from {path[i - 1]}"
+        gives = f", gives {_KIND_NOUN[spec.output]} such as {name}_0" if i < len(path) - 1 else ""
+        steps.append(f"{name} ({given}{gives})")
+    generators = [t.name for t in tools() if OutputKind.IMAGE in t.produces and not t.needs()]
+    conditional = [
+        f"{t.name} with {n.when[0]}='{n.when[1]}' needs {n.arg} = {_KIND_NOUN[n.kind]} ID such as {producers(n.kind)[0]}_0."
+        for t in tools() for n in t.requires if n.when is not None and n.kind.registers_asset
+    ]
+    rules = [
+        "To cut out an object: " + " -> ".join(steps) + ".",
+        f"With no input image, call {' or '.join(generators)} first and use its output ID afterwards.",
+        *conditional,
+    ]
+    return "## Chain rules\n" + "".join(f"{k}. {r}\n" for k, r in enumerate(rules, 1))
+
+
 _CHAIN_RULES = {
-    "canvasagent": (
-        "## Chain rules\n"
-        "1. To cut out an object: Grounding (get a box) -> SAM (bbox from Grounding, gives a mask such as SAM_0) "
-        "-> Extract (mask = the SAM output).\n"
-        "2. With no input image, call ImageGeneration first and use its output ID afterwards.\n"
-        "3. Overlayer with overlay_type='object' needs content = an RGBA image ID such as Extract_0.\n"
-    ),
+    "canvasagent": _chain_rules(),
     "easel": (
         "## Painting rules\n"
         "Each brush_stroke paints one stroke on the canvas; coordinates are fractions of the canvas. "

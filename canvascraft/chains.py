@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from canvasagent.config import find_config, load_yaml
-from toolserver.registry import REGISTRY
+from toolserver.registry import REGISTRY, OutputKind, unmet_needs
 
 # Short names used in the paper's tables.
 ALIASES = {"Gen": "ImageGeneration", "Edit": "ImageEdit", "Overlay": "Overlayer"}
@@ -77,6 +77,12 @@ class Chain:
             name=spec.get("name") or (raw if isinstance(raw, str) else chain_name(tools)),
         )
 
+    def unmet_needs(self) -> list[str]:
+        """Registry needs (`ToolSpec.requires`) of the chain's tools that neither its inputs nor an
+        earlier tool meets, e.g. ``"Extract: mask (mask)"``; empty for a chain that can run."""
+        supplied = ({OutputKind.IMAGE} if self.inputs else set()) | ({OutputKind.RGBA} if "rgba" in self.needs else set())
+        return [f"{self.tools[i]}: {n.kind.value} ({n.arg})" for i, n in unmet_needs(self.tools, supplied)]
+
     @property
     def distinct_tools(self) -> int:
         return len(set(self.tools))
@@ -87,10 +93,11 @@ class Chain:
 
 
 def default_inputs(tools: Sequence[str]) -> int:
-    if tools[0] == "ImageGeneration":
-        return 0
-    # An extracted cut-out is composited onto a second photo, as in the paper's compositing chains.
-    if "Extract" in tools and "Overlayer" in tools[tools.index("Extract") :]:
+    if not REGISTRY[tools[0]].needs():
+        return 0  # the chain makes its own image
+    # A cut-out the chain makes is composited onto a second photo, as in the paper's compositing chains.
+    made = next((i for i, t in enumerate(tools) if OutputKind.RGBA in REGISTRY[t].produces), None)
+    if made is not None and any(n.kind is OutputKind.RGBA for t in tools[made:] for n in REGISTRY[t].requires):
         return 2
     return 1
 
@@ -112,6 +119,9 @@ class ChainSet:
         for src in sources:
             data = load_yaml(find_config(src, "canvascraft"))
             out.extend(Chain.from_spec(s) for s in data.get("chains") or [])
+        broken = {c.name: c.unmet_needs() for c in out if c.unmet_needs()}
+        if broken:
+            raise ValueError(f"chains whose tools need what nothing before them produces: {broken}")
         names = [c.name for c in out]
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:

@@ -6,6 +6,9 @@ execution, from what is known about the inputs; values that only exist at run ti
 Grounding returns, the text OCR reads) are left to the executing policy (`canvascraft.sft`).
 A Crop with no Grounding before it crops a region the instruction states (a named region or
 explicit 0-1000 coordinates); a ready RGBA cut-out as the first input stands in for Extract.
+Which variant a step takes (a Crop of a found box or of a stated region; an overlay of a cut-out,
+of OCR's reading or of a caption) follows from the kinds earlier steps produce
+(`ToolSpec.produces`), so a chain that `Chain.from_spec` accepts has every need met.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from canvascraft.chains import Chain
 from canvascraft.sources import SIGN_WORDS, SourceImage
+from toolserver.registry import REGISTRY, OutputKind
 from toolserver.validation import Profile
 
 POSITIONS: dict[str, tuple[int, int]] = {
@@ -110,10 +114,9 @@ class _State:
     mirrored: bool = False
     edited: bool = False
     cropped_to: str | None = None
-    grounded: str | None = None
-    segmented: bool = False
-    extracted: bool = False
-    read_text: bool = False
+    grounded: str | None = None  # the target the last Grounding looked for
+    # Kinds the next step can use: the registry's `produces` of earlier steps, a ready cut-out.
+    have: set[OutputKind] = field(default_factory=set)
     cutout: str | None = None  # label of a ready cut-out given as the first input (RGBA)
     used: list[str] = field(default_factory=list)  # targets, captions, positions already used
 
@@ -128,7 +131,8 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
     )
     if first.get("cutout"):
         # The first input already is what Extract would produce: an object overlay can use it.
-        st.cutout, st.extracted = st.labels[0], True
+        st.cutout = st.labels[0]
+        st.have.add(OutputKind.RGBA)
     steps: list[Step] = []
     expect: str | None = None
     for i, tool in enumerate(chain.tools):
@@ -157,7 +161,7 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
             st.grounded = target
             steps.append(Step(tool, "Grounding", {"target": target}))
         elif tool == "Crop":
-            if st.grounded:
+            if OutputKind.BOXES in st.have:
                 st.cropped_to = st.grounded
                 steps.append(Step(tool, "Crop", {"target": st.grounded}))
             else:
@@ -166,17 +170,15 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
                 steps.append(Step(tool, "Crop.region", _region(rng)))
         elif tool == "SAM":
             steps.append(Step(tool, "SAM", {"target": st.grounded or _target(st, rng)}))
-            st.segmented = True
         elif tool == "Extract":
             steps.append(Step(tool, "Extract", {"target": st.grounded or _target(st, rng)}))
-            st.extracted = True
         elif tool == "Overlayer":
             pos_name = _fresh(list(POSITIONS), st, rng)
             params: dict[str, Any] = {"position_name": pos_name, "position": list(POSITIONS[pos_name])}
-            if st.extracted:
+            if OutputKind.RGBA in st.have:
                 params["target"] = st.grounded or st.cutout or "object"
                 steps.append(Step(tool, "Overlayer.object", params))
-            elif st.read_text:
+            elif OutputKind.TEXT in st.have:
                 steps.append(Step(tool, "Overlayer.ocr", params))  # the text comes from the OCR reply
             else:
                 params["text"] = _fresh(CAPTIONS, st, rng)
@@ -185,7 +187,6 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
             upright = st.rotation == 0 and not st.mirrored
             if upright and st.text and not st.edited and st.cropped_to in (None, "sign"):
                 expect = st.text
-            st.read_text = True
             steps.append(Step(tool, "OCR", {"upright": upright}))
         elif tool == "Rotate":
             if st.rotation:
@@ -200,6 +201,7 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
             steps.append(Step(tool, "SR", {}))
         else:  # pragma: no cover - chains are validated against the registry
             raise ValueError(f"no planner for tool {tool}")
+        st.have.update(REGISTRY[tool].produces)
     subject = "sign" if st.text and not chain.starts_with_generation else "image"
     return Plan(chain, steps, inputs, expect, subject)
 

@@ -25,7 +25,8 @@ from canvascraft.formats import dump_checks, png
 from canvascraft.plan import Plan, make_plan
 from canvascraft.sft import ChainPolicy, bump, missing_backends, pick_inputs, quality_control
 from rewards.checks import CheckContext, run_check
-from toolserver.registry import REGISTRY, Backend
+from toolserver.registry import REGISTRY, Backend, OutputKind
+from toolserver.registry import tools as registry_tools
 
 LEVELS = ("easy", "medium", "hard")
 
@@ -155,9 +156,9 @@ def checks_for(plan: Plan, has_reference: bool, ocr_answer: str | None = None, e
         checks.append({"type": "size_relation", "of": "img_1", "factor": 4**n_sr})
     elif "Crop" in tools and not n_sr and plan.inputs:
         checks.append({"type": "size_relation", "of": "img_1", "relation": "smaller"})
-    for tool, kind in (("SAM", "mask"), ("Extract", "rgba")):
-        if tool in tools:
-            checks.append({"type": "asset_kind", "kind": kind, "tool": tool})
+    for spec in registry_tools():  # a mask or a cut-out step: its product is of that kind
+        if spec.name in tools and spec.output in (OutputKind.MASK, OutputKind.RGBA):
+            checks.append({"type": "asset_kind", "kind": spec.output.value, "tool": spec.name})
     if "ImageEdit" in tools and plan.inputs:
         checks.append({"type": "differs_from", "of": "img_1"})
     return checks

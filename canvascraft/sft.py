@@ -13,7 +13,7 @@ import logging
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from PIL import Image
 
@@ -85,15 +85,16 @@ def _live_state(episode: Episode, plan: Plan) -> _Live:
     for t in episode.trajectory.turns:
         if t.status != "ok" or t.call is None:
             continue
-        if t.call.name == "Grounding":
+        produces = REGISTRY[t.call.name].produces
+        if OutputKind.BOXES in produces:
             live.boxes = boxes_of(t)
-        elif t.call.name == "OCR":
+        elif OutputKind.TEXT in produces:
             live.read = ocr_text(t)
         if t.output_id:
             kind = episode.assets.get(t.output_id).kind
             if kind is OutputKind.MASK:
                 live.mask = t.output_id
-            elif kind is OutputKind.RGBA and t.call.name == "Extract":
+            elif kind is OutputKind.RGBA:
                 live.cutout = t.output_id
             elif t.call.name == "Overlayer" and t.call.arguments.get("overlay_type") == "object":
                 live.base = live.cur = t.output_id
@@ -106,11 +107,23 @@ def _fmt_box(b: list[int]) -> str:
     return "[" + ", ".join(str(v) for v in b) + "]"
 
 
+# How the executing policy fills a need (`ToolSpec.requires`) that the plan leaves to run time:
+# the value from the live state, and the rejection reason when there is none.
+_FROM_LIVE = object()
+_LIVE_VALUES: dict[OutputKind, tuple[Callable[[_Live], Any], str]] = {
+    OutputKind.BOXES: (lambda live: _fmt_box(live.boxes[0]) if live.boxes else None, "no_detection"),
+    OutputKind.MASK: (lambda live: live.mask, "no_mask"),
+    OutputKind.RGBA: (lambda live: live.cutout, "no_cutout"),
+    OutputKind.TEXT: (lambda live: live.read if not live.read.startswith("OCR completed but no text") else None, "no_text"),
+}
+
+
 def step_call(step: Step, live: _Live) -> dict[str, Any]:
     """The tool call for one plan step, given the live state. Raises LookupError if a needed
-    run-time value (a box, a mask, a cut-out) is missing."""
+    run-time value (a box, a mask, a cut-out, a reading) is missing."""
     p, img = step.params, live.cur
     t = step.tool
+    pos = "[" + ", ".join(str(v) for v in p["position"]) + "]" if "position" in p else None
     if t == "ImageGeneration":
         args: dict[str, Any] = {"prompt": p["prompt"]}
     elif t == "ImageEdit":
@@ -120,28 +133,24 @@ def step_call(step: Step, live: _Live) -> dict[str, Any]:
     elif step.clause == "Crop.region":
         args = {"image": img, "bbox": _fmt_box(p["bbox"])}  # the region the instruction states
     elif t in ("Crop", "SAM"):
-        if not live.boxes:
-            raise LookupError("no_detection")
-        args = {"image": img, "bbox": _fmt_box(live.boxes[0])}
+        args = {"image": img, "bbox": _FROM_LIVE}
     elif t == "Extract":
-        if live.mask is None:
-            raise LookupError("no_mask")
-        args = {"image": img, "mask": live.mask}
+        args = {"image": img, "mask": _FROM_LIVE}
+    elif step.clause == "Overlayer.object":
+        args = {"base_image": live.base or img, "overlay_type": "object", "content": _FROM_LIVE, "position": pos}
     elif t == "Overlayer":
-        pos = "[" + ", ".join(str(v) for v in p["position"]) + "]"
-        if step.clause == "Overlayer.object":
-            if live.cutout is None:
-                raise LookupError("no_cutout")
-            args = {"base_image": live.base or img, "overlay_type": "object", "content": live.cutout, "position": pos}
-        else:
-            text = live.read if step.clause == "Overlayer.ocr" else p["text"]
-            if not text or text.startswith("OCR completed but no text"):
-                raise LookupError("no_text")
-            args = {"base_image": img, "overlay_type": "text", "content": text, "position": pos}
+        content = _FROM_LIVE if step.clause == "Overlayer.ocr" else p["text"]
+        args = {"base_image": img, "overlay_type": "text", "content": content, "position": pos}
     elif t == "Rotate":
         args = {"image": img, "angle": p["angle"]}
     else:  # Flip, OCR, SR
         args = {"image": img}
+    for need in REGISTRY[t].needs(args):
+        if args.get(need.arg) is _FROM_LIVE:
+            value_of, missing = _LIVE_VALUES[need.kind]
+            args[need.arg] = value_of(live)
+            if not args[need.arg]:
+                raise LookupError(missing)
     return {"name": t, "arguments": args}
 
 
@@ -171,7 +180,7 @@ class ChainPolicy(ScriptedPolicy):
             return format_reply(self.phrasings.reason(step.clause, self.rng, fields), call)
         last = self.plan.steps[-1]
         fields.update(last.params, final=episode.assets.last_produced().id if episode.assets.last_produced() else "img_1")
-        key = {"OCR": "final_read", "Grounding": "final_boxes"}.get(last.tool, "final")
+        key = {OutputKind.TEXT: "final_read", OutputKind.BOXES: "final_boxes"}.get(REGISTRY[last.tool].output, "final")
         return format_reply(self.phrasings.reason(key, self.rng, fields), terminate=True)
 
 

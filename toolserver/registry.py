@@ -66,6 +66,29 @@ class ArgSpec:
 
 
 @dataclass(frozen=True)
+class Need:
+    """Something a call consumes that an input or an earlier call must provide.
+
+    `kind` is what must exist (an asset kind, or BOXES/TEXT that a reply carries as text), `arg`
+    the argument that carries it. `when=(arg, value)` limits the need to calls whose `arg` equals
+    `value`. `from_task`: the task itself may supply it (an input asset of that kind, or a value the
+    instruction states); otherwise only an earlier call of a tool that produces `kind` can.
+    """
+
+    kind: OutputKind
+    arg: str
+    when: tuple[str, Any] | None = None
+    from_task: bool = False
+
+    def applies(self, arguments: Any) -> bool:
+        return self.when is None or (isinstance(arguments, dict) and arguments.get(self.when[0]) == self.when[1])
+
+
+def _image_need(arg: str = "image") -> Need:
+    return Need(OutputKind.IMAGE, arg, from_task=True)
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     name: str
     description: str
@@ -80,6 +103,17 @@ class ToolSpec:
     # Each side of the output image is this many times the input's (SR: 4), so an output-size
     # limit can be checked before the tool runs. 0: the output size does not follow the input.
     output_scale: int = 0
+    # What a call consumes; what it produces is `output` (see `produces`).
+    requires: tuple[Need, ...] = ()
+
+    @property
+    def produces(self) -> tuple[OutputKind, ...]:
+        """The kinds a successful call makes available to later calls (none for control actions)."""
+        return () if self.output in (OutputKind.CANVAS, OutputKind.NONE) else (self.output,)
+
+    def needs(self, arguments: Any = None) -> tuple[Need, ...]:
+        """The needs that apply to a call with `arguments` (None: the unconditional ones)."""
+        return tuple(n for n in self.requires if n.applies(arguments))
 
     @property
     def required(self) -> tuple[str, ...]:
@@ -148,6 +182,7 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         OutputKind.IMAGE,
         Backend.MODEL,
         cost=3.0,
+        requires=(_image_need(),),
     ),
     ToolSpec(
         "Grounding",
@@ -155,6 +190,7 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         (_image_arg(), ArgSpec("reference_text", ArgType.TEXT, "Description of the object(s) to locate.")),
         OutputKind.BOXES,
         Backend.MODEL,
+        requires=(_image_need(),),
     ),
     ToolSpec(
         "SAM",
@@ -170,6 +206,7 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         ),
         OutputKind.MASK,
         Backend.MODEL,
+        requires=(_image_need(), Need(OutputKind.BOXES, "bbox")),
     ),
     ToolSpec(
         "Extract",
@@ -188,6 +225,7 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         Backend.PURE,
         cost=0.5,
         extra_checks=("mask_matches_image",),
+        requires=(_image_need(), Need(OutputKind.MASK, "mask")),
     ),
     ToolSpec(
         "Overlayer",
@@ -218,6 +256,11 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         Backend.PURE,
         cost=0.5,
         extra_checks=("overlay_content",),
+        requires=(
+            _image_need("base_image"),
+            Need(OutputKind.RGBA, "content", when=("overlay_type", "object"), from_task=True),
+            Need(OutputKind.TEXT, "content", when=("overlay_type", "text"), from_task=True),
+        ),
     ),
     ToolSpec(
         "Crop",
@@ -226,6 +269,8 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         OutputKind.IMAGE,
         Backend.PURE,
         cost=0.5,
+        # The box comes from Grounding, or the instruction states the region.
+        requires=(_image_need(), Need(OutputKind.BOXES, "bbox", from_task=True)),
     ),
     ToolSpec(
         "OCR",
@@ -233,6 +278,7 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         (_image_arg("The image ID containing text."),),
         OutputKind.TEXT,
         Backend.MODEL,
+        requires=(_image_need(),),
     ),
     ToolSpec(
         "Rotate",
@@ -250,6 +296,7 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         OutputKind.IMAGE,
         Backend.PURE,
         cost=0.5,
+        requires=(_image_need(),),
     ),
     ToolSpec(
         "Flip",
@@ -258,6 +305,7 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         OutputKind.IMAGE,
         Backend.PURE,
         cost=0.5,
+        requires=(_image_need(),),
     ),
     ToolSpec(
         "SR",
@@ -267,6 +315,7 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
         Backend.MODEL,
         cost=2.0,
         output_scale=4,
+        requires=(_image_need(),),
     ),
 )
 
@@ -311,6 +360,11 @@ REGISTRY: dict[str, ToolSpec] = {t.name: t for t in (*_CANVASAGENT_TOOLS, *_EASE
 FAMILIES: tuple[str, ...] = ("canvasagent", "easel")
 
 
+# What an instruction can state as a value (a region to crop, a caption to draw), so a need of
+# one of these kinds that the task may supply is always met.
+INSTRUCTION_KINDS: frozenset[OutputKind] = frozenset({OutputKind.BOXES, OutputKind.TEXT})
+
+
 class UnknownToolError(KeyError):
     pass
 
@@ -338,3 +392,23 @@ def openai_schemas(family: str | None = "canvasagent", names: Iterable[str] | No
 
 def model_backed(family: str | None = "canvasagent") -> tuple[ToolSpec, ...]:
     return tuple(t for t in tools(family) if t.backend is Backend.MODEL)
+
+
+def producers(kind: OutputKind, family: str | None = "canvasagent") -> tuple[str, ...]:
+    """Tools whose successful call produces `kind`, in declaration order."""
+    return tuple(t.name for t in tools(family) if kind in t.produces)
+
+
+def unmet_needs(names: Iterable[str], supplied: Iterable[OutputKind]) -> list[tuple[int, Need]]:
+    """The unconditional needs of a tool sequence that nothing meets, as (position, need).
+
+    A need is met by an earlier tool's product, or, when the task may supply it, by a kind in
+    `supplied` (what the task's inputs provide) or in `INSTRUCTION_KINDS`."""
+    from_task = set(supplied) | INSTRUCTION_KINDS
+    have: set[OutputKind] = set()
+    out: list[tuple[int, Need]] = []
+    for i, name in enumerate(names):
+        spec = get_tool(name)
+        out += [(i, n) for n in spec.needs() if n.kind not in have and not (n.from_task and n.kind in from_task)]
+        have.update(spec.produces)
+    return out

@@ -8,10 +8,11 @@
 * **aesthetic** — the no-reference quality proxy of `rewards.judges.iq`.
 * **trajectory** — a deterministic process score (`score_process`):
   - *choice*: the fraction of distinct expected tools that ran successfully;
-  - *order*: the fraction of applicable dependency rules satisfied — SAM after a successful
-    Grounding, Extract after a successful SAM, an object overlay after a successful Extract (or
-    with an RGBA input), and ImageGeneration first when the task has no input image (the
-    public system prompt's chain rules);
+  - *order*: the fraction of applicable dependency rules satisfied, read from the registry's
+    `ToolSpec.requires`/`produces` (the rules the system prompt states): each need of a call that
+    only an earlier call can meet (SAM's box, Extract's mask, an object overlay's RGBA unless
+    the content is an RGBA input) is satisfied when an earlier successful call produced that
+    kind; with no input image, the first call must be one that needs no image and makes one;
   - *relevance*: the fraction of calls whose tool is in the expected set.
   Terms that do not apply (no expected set, no dependency rule triggered) drop out of the
   weighted mean; with none left, the score is 1 if any call succeeded, else 0.
@@ -27,9 +28,17 @@ from rewards.checks import CheckContext, all_passed, run_checks
 from rewards.config import OfflineJudgeConfig
 from rewards.judges.base import JudgeResult, TrajectoryView
 from rewards.judges.iq import image_quality
-from toolserver.registry import OutputKind
+from toolserver.registry import INSTRUCTION_KINDS, REGISTRY, Need, OutputKind
 
 log = logging.getLogger(__name__)
+
+
+def _task_supplies(need: Need, value: Any, assets: Any, inputs: set[str]) -> bool:
+    """Whether the task meets `need` itself: a value the instruction can state, or an input asset
+    of the needed kind passed as `value`."""
+    if need.kind in INSTRUCTION_KINDS:
+        return True
+    return isinstance(value, str) and value in inputs and assets.get(value).kind is need.kind
 
 
 def score_process(view: TrajectoryView, weights: Any) -> tuple[float, dict[str, float], str]:
@@ -51,29 +60,22 @@ def score_process(view: TrajectoryView, weights: Any) -> tuple[float, dict[str, 
         terms["relevance"] = sum(1 for c in calls if c.tool in expected) / len(calls)
 
     applicable = satisfied = 0
-    seen_ok: set[str] = set()
+    produced: set[OutputKind] = set()
     inputs = set(traj.assets.input_ids())
     if not inputs:
         applicable += 1
-        satisfied += calls[0].tool == "ImageGeneration"
+        first = REGISTRY.get(calls[0].tool)
+        satisfied += first is not None and OutputKind.IMAGE in first.produces and not first.needs()
     for c in calls:
+        spec = REGISTRY.get(c.tool)
         args = c.arguments if isinstance(c.arguments, dict) else {}
-        need: str | None = None
-        if c.tool == "SAM":
-            need = "Grounding"
-        elif c.tool == "Extract":
-            need = "SAM"
-        elif c.tool == "Overlayer" and args.get("overlay_type") == "object":
-            content = args.get("content")
-            is_rgba_input = (
-                isinstance(content, str) and content in inputs and traj.assets.get(content).kind is OutputKind.RGBA
-            )
-            need = None if is_rgba_input else "Extract"
-        if need is not None:
+        for need in spec.needs(args) if spec is not None else ():
+            if need.kind is OutputKind.IMAGE or (need.from_task and _task_supplies(need, args.get(need.arg), traj.assets, inputs)):
+                continue
             applicable += 1
-            satisfied += need in seen_ok
-        if c.status == "ok":
-            seen_ok.add(c.tool)
+            satisfied += need.kind in produced
+        if c.status == "ok" and spec is not None:
+            produced.update(spec.produces)
     if applicable:  # a vacuous rule set earns nothing: the term drops out instead of scoring 1
         terms["order"] = satisfied / applicable
     if not terms:

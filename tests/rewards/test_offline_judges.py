@@ -241,3 +241,17 @@ def test_ocr_contains_with_the_real_offline_ocr():
     assert not res.fallback, f"offline OCR backend unavailable: {res.reason}"
     assert res.details["check/ocr_contains"] == 1.0 and res.details["check/ocr_contains_2"] == 0.0
     assert res.score == pytest.approx(0.5)
+
+
+def test_order_flags_a_need_no_earlier_call_produced():
+    """A mask given as an input is not SAM's output: Extract's `requires` counts as unmet; an RGBA
+    input as an object overlay's content is supplied by the task, so that need drops out."""
+    cutout = Image.new("RGBA", (64, 48), (255, 0, 0, 128))
+    extract = R("cut", "Extract", {"image": "img_1", "mask": "img_2"})
+    unmet = traj_score(run([extract, DONE], images=[gradient(), mask()]))
+    assert unmet.details["order"] == 0.0
+    overlay = R("paste", "Overlayer", {"base_image": "img_1", "overlay_type": "object", "content": "img_2"})
+    supplied = traj_score(run([overlay, DONE], images=[gradient(), cutout]))
+    assert "order" not in supplied.details
+    text = R("caption", "Overlayer", {"base_image": "img_1", "overlay_type": "text", "content": "SALE"})
+    assert "order" not in traj_score(run([text, DONE])).details  # the instruction states the caption
