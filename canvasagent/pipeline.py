@@ -100,7 +100,9 @@ class PipelineConfig:
     cc_sft_n: int = 64
     cc_rl_n: int = 48
     cc_eval_n: int = 16  # its RL eval split: the held-out CanvasCraft tasks
+    cc_chains: list[str] = field(default_factory=lambda: ["chains"])  # chain files under configs/canvascraft/
     cc_mix: dict[str, float] = field(default_factory=lambda: {"single": 0, "hard": 0, "OCR": 1, "Flip": 1, "Rotate": 1, "SR": 1})
+    cc_rl_mix: dict[str, float] = field(default_factory=dict)  # the RL build's mix; {} = cc_mix
     cc_rl_targets: dict[str, dict[str, float]] = field(default_factory=lambda: {
         "reasoning": {"easy": 1}, "length": {"easy": 1}, "diversity": {"easy": 1}})
     cc_sr_input_side: int = 64
@@ -183,13 +185,13 @@ class Pipeline:
         """The offline tools the tasks use: those of the CanvasCraft chains the mix keeps, plus the
         scripted tasks' tools. Each tool schema lengthens every training sequence (7 tools: ~1350
         tokens per SFT row, the 5 the default mix needs: ~970), so unused tools are left out."""
-        from canvascraft.build import load_build_config
         from canvascraft.chains import ChainSet
         from canvasagent.training.scripted import SCRIPTED_TOOLS
 
         offline = offline_tools()
-        chains = ChainSet.load(load_build_config("sft").chains).with_weights(self.cfg.cc_mix)
-        used = {t for c in chains if c.weight > 0 for t in c.tools} & set(offline)
+        chains = ChainSet.load(self.cfg.cc_chains)
+        used = {t for mix in (self.cfg.cc_mix, self.cfg.cc_rl_mix or self.cfg.cc_mix)
+                for c in chains.with_weights(mix) if c.weight > 0 for t in c.tools} & set(offline)
         if "scripted" in self.cfg.sources:
             used |= set(SCRIPTED_TOOLS)
         return [t for t in offline if t in used]
@@ -219,9 +221,10 @@ class Pipeline:
 
         base = self.out / "data" / "canvascraft"
         c = self.cfg
-        common = dict(seed=c.seed, workers=1, tools_config="offline", mix=c.cc_mix, sr_input_side=c.cc_sr_input_side)
+        common = dict(seed=c.seed, workers=1, tools_config="offline", chains=c.cc_chains, sr_input_side=c.cc_sr_input_side)
         out: dict[str, Any] = {}
-        for kind, extra in (("sft", {"n": c.cc_sft_n}), ("rl", {"n": c.cc_rl_n, "eval_n": c.cc_eval_n, **c.cc_rl_targets})):
+        for kind, extra in (("sft", {"n": c.cc_sft_n, "mix": c.cc_mix}),
+                            ("rl", {"n": c.cc_rl_n, "eval_n": c.cc_eval_n, "mix": c.cc_rl_mix or c.cc_mix, **c.cc_rl_targets})):
             bcfg = load_build_config(kind, None, **common, **extra)
             manifest = run_build(kind, bcfg, str(base / kind), progress=False)  # resumable: finished shards are kept
             out[kind] = {"path": str(base / kind), "rows": {k: v["rows"] for k, v in manifest["shards"].items()}}
@@ -285,7 +288,7 @@ class Pipeline:
     def stage_eval_base(self) -> dict[str, Any]:
         from canvasagent.training.common import resolve_model_path
 
-        return self._evaluate(Path(resolve_model_path(self.sft)), "eval_base", limit=self.cfg.n_eval_base, sampled=False)
+        return self._evaluate(Path(resolve_model_path(self.sft)), "eval_base", limit=self.cfg.n_eval_base)
 
     def stage_sft(self) -> dict[str, Any]:
         from canvasagent.training import run
