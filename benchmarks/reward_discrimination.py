@@ -106,7 +106,7 @@ def easel_tasks(n: int, res: int = 64, n_strokes: int = 3) -> list[tuple[Any, An
 
 def run_all(n: int, work: Path, chains: str = "single", only: tuple[str, ...] = ("scripted", "canvascraft", "easel")) -> list[dict[str, Any]]:
     from canvasagent.config import make_toolbox
-    from canvasagent.easel.agent import CanvasTools, NoToolbox, charge_refused, outcome_scores
+    from canvasagent.easel.agent import NoToolbox, charge_refused, outcome_scores
     from canvasagent.easel.canvas import CanvasSession
     from canvasagent.episode import EpisodeConfig, run_episode
     from canvasagent.policies.scripted import scripted_policy
@@ -128,7 +128,7 @@ def run_all(n: int, work: Path, chains: str = "single", only: tuple[str, ...] = 
             session = CanvasSession.for_task(et)
             session.budget = et.budget
             traj = run_episode(scripted_policy(pol, task), task, NoToolbox(), EpisodeConfig(max_turns=et.budget + 4, family="easel"),
-                               stateful=CanvasTools(session).handlers(), on_turn=charge_refused(session))
+                               stateful=session.handlers(), on_turn=charge_refused(session))
             traj.meta["easel"] = outcome_scores(et, session.canvas)
             runs.append({"source": "easel", "policy": pol, "task": task.id, "traj": traj})
     toolbox.close()

@@ -64,7 +64,7 @@ def evaluate(ckpt: str, cfg: Any, out: Path, max_new_tokens: int) -> dict[str, A
     system = easel_env.with_coords(system_text(hf.processor, tool_fns, "easel"), cfg.easel.coords)
     raw = RawReplies(LayoutPolicy(hf, system))
     policy = agent.Int1000Coords(raw) if cfg.easel.coords == "int1000" else raw
-    acfg = agent.AgentConfig(budget=cfg.easel.budget, coords=cfg.easel.coords, keep_canvas_images=None)
+    acfg = agent.AgentConfig(budget=cfg.easel.budget, coords=cfg.easel.coords, image_budget=cfg.image_budget)
     rows, t0 = [], time.perf_counter()
     for spec in easel_env.task_specs(cfg.easel):
         task = easel_env.easel_task(spec)

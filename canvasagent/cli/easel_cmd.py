@@ -115,7 +115,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     seeds = tuple(range(args.seeds))
     if args.policy.startswith("agent:"):
         from canvasagent.easel import agent, tasks
-        acfg = agent.AgentConfig(budget=args.agent_budget, coords=args.coords)
+        acfg = agent.AgentConfig(budget=args.agent_budget, coords=args.coords, image_budget=args.image_budget)
         spec = args.policy[len("agent:"):]
         if args.suite == "semantic":
             from canvasagent.easel import semantic
@@ -194,6 +194,8 @@ def register(subparsers) -> None:
                    help="agent:SPEC only: override every task's step budget (smoke runs)")
     s.add_argument("--coords", choices=["unit", "int1000"], default="unit",
                    help="agent:SPEC only: int1000 rescales 0-1000 path coordinates (EASEL-Data checkpoints)")
+    s.add_argument("--image-budget", type=int, default=None,
+                   help="agent:SPEC only: show the policy the last N canvas images (default: all, as GRPO's image_budget)")
     s.add_argument("--ray", action="store_true", help="painter: paint images as Ray tasks")
     s.add_argument("--out", required=True)
     s.add_argument("--n-per-category", type=int, default=None)

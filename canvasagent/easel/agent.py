@@ -11,10 +11,10 @@ Each task becomes a :class:`canvasagent.tasks.Task` of family ``easel``:
 * reconstruction: ``img_1`` is the reference, ``img_2`` the blank canvas;
 * semantic: ``img_1`` is the task image (the canvas, e.g. the maze).
 
-``brush_stroke``/``undo``/``submit`` are ``stateful`` handlers over a
-:class:`CanvasSession`; every tool reply carries the updated canvas image
-and ``step k/B`` (and S for reconstruction); by default the policy sees only the
-newest canvas image (``AgentConfig.keep_canvas_images``). The session's budget is the
+``brush_stroke``/``undo``/``submit`` are the ``stateful`` handlers of a
+:class:`CanvasSession` (``CanvasSession.handlers()``); every tool reply carries the updated canvas image
+and ``step k/B`` (and S for reconstruction); which of them the policy sees is the
+image budget (``AgentConfig.image_budget``, as in training). The session's budget is the
 category budget (or ``AgentConfig.budget``); the runner's turn cap is the
 budget + ``extra_turns`` so unparseable replies cannot loop forever. A
 ``brush_stroke`` or ``undo`` the runner's schema check refuses before the canvas
@@ -33,18 +33,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from PIL import Image
 
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.protocol import format_reply, parse_reply
 from canvasagent.tasks import Task
-from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
 
 from . import heuristics, render, semantic, tasks
 from .bench import EpisodeResult
-from .canvas import CanvasSession, StepResult
+from .canvas import CanvasSession, to_pil
 from .data import path_to_unit
 
 log = logging.getLogger(__name__)
@@ -59,18 +57,14 @@ class AgentConfig:
     # "int1000": a policy trained on EASEL-Data writes path coordinates as integers
     # 0-1000; they are rescaled to [0, 1] before the runner validates the call
     coords: str = "unit"
-    # canvas images kept in the tool replies the policy sees (newest first); older
-    # ones become a text placeholder. The opening reference/canvas always stay.
-    # A VLM cannot hold ~130 canvases in its context; None keeps every image.
-    keep_canvas_images: int | None = 1
+    # The image-context budget (canvasagent.image_budget), the setting GRPO trains under
+    # (TrainConfig.image_budget, same default): the policy sees the last N canvas images of the
+    # tool replies, older ones as text; the opening reference/canvas always stay. None: all.
+    image_budget: int | None = None
     seed: int = 0
 
 
 # -- task and environment ------------------------------------------------------------------------
-
-def to_pil(img: np.ndarray) -> Image.Image:
-    return Image.fromarray(render.to_uint8(img))
-
 
 def task_id_of(task: Any, seed: int = 0) -> str:
     return getattr(task, "task_id", None) or f"{task.name}-{seed:04d}"
@@ -109,42 +103,6 @@ def agent_task(task: Any, budget: int, task_id: str) -> Task:
         kind = {"kind": "semantic", "name": task.name}
         checks = []
     return Task(text, images, id=task_id, family="easel", checks=checks, meta={"easel": {**kind, "budget": budget}})
-
-
-class CanvasTools:
-    """The ``stateful`` handlers of one episode, backed by a CanvasSession."""
-
-    def __init__(self, session: CanvasSession):
-        self.session = session
-
-    def handlers(self) -> dict[str, Any]:
-        return {"brush_stroke": self._brush, "undo": self._undo, "submit": self._submit}
-
-    def _result(self, r: StepResult) -> ToolResult:
-        s = self.session
-        text = f"{r.message}. step {r.steps_used}/{s.budget}." + (f" S={r.s:.4f}." if r.s is not None else "")
-        data: dict[str, Any] = {"steps_used": r.steps_used, "budget": s.budget}
-        if r.s is not None:
-            data["s"] = r.s
-        if r.done:
-            # the session accepts nothing more: the runner ends the episode with this reason
-            data["end_episode"] = "submit" if s.submitted else "budget"
-            text += " Episode finished."
-        if not r.ok:
-            return ToolResult.failure("stroke_rejected" if "wall" in r.message else "canvas_refused", text,
-                                      data=data)
-        return ToolResult(True, text, kind=OutputKind.CANVAS, image=to_pil(s.canvas), data=data)
-
-    def _brush(self, req: ToolRequest) -> ToolResult:
-        return self._result(self.session.call("brush_stroke", dict(req.args)))
-
-    def _undo(self, req: ToolRequest) -> ToolResult:
-        return self._result(self.session.call("undo", {}))
-
-    def _submit(self, req: ToolRequest) -> ToolResult:
-        r = self.session.call("submit", {})
-        return ToolResult(True, f"submitted after {r.steps_used} steps.", kind=OutputKind.NONE,
-                          data={"end_episode": "submit", "steps_used": r.steps_used})
 
 
 class NoToolbox:
@@ -194,34 +152,6 @@ class Int1000Coords:
         return format_reply(parsed.reason or "", {"name": "brush_stroke", "arguments": args}, parsed.terminate)
 
 
-class RecentCanvases:
-    """Shows a policy only the newest ``keep`` canvas images of the tool replies."""
-
-    PLACEHOLDER = "[earlier canvas image omitted]"
-
-    def __init__(self, inner: Any, keep: int):
-        self.inner = inner
-        self.keep = keep
-        self.name = getattr(inner, "name", type(inner).__name__)
-
-    def act(self, messages: list[dict[str, Any]], episode: Any = None) -> str:
-        seen = 0
-        trimmed: list[dict[str, Any]] = []
-        for m in reversed(messages):
-            content = m.get("content")
-            if m.get("role") == "tool" and isinstance(content, list):
-                parts = []
-                for part in content:
-                    if part.get("type") == "image":
-                        seen += 1
-                        if seen > self.keep:
-                            part = {"type": "text", "text": self.PLACEHOLDER}
-                    parts.append(part)
-                m = {**m, "content": parts}
-            trimmed.append(m)
-        return self.inner.act(trimmed[::-1], episode)
-
-
 class AgentPolicySource:
     """One policy per episode from an ``agent:`` SPEC (heavy resources shared)."""
 
@@ -250,8 +180,6 @@ class AgentPolicySource:
         policy = self._factory.for_task(task)
         if self.cfg.coords == "int1000":
             policy = Int1000Coords(policy)
-        if self.cfg.keep_canvas_images is not None:
-            policy = RecentCanvases(policy, self.cfg.keep_canvas_images)
         return policy
 
     def close(self) -> None:
@@ -306,8 +234,9 @@ def play(source: AgentPolicySource, easel_task: Any, cfg: AgentConfig, out_dir: 
     session.budget = budget
     task = agent_task(easel_task, budget, tid)
     policy = source.for_task(easel_task, task, budget)
-    traj = run_episode(policy, task, NoToolbox(), EpisodeConfig(max_turns=budget + cfg.extra_turns, family="easel"),
-                       stateful=CanvasTools(session).handlers(), on_turn=charge_refused(session))
+    traj = run_episode(policy, task, NoToolbox(), EpisodeConfig(max_turns=budget + cfg.extra_turns, family="easel",
+                                                                  image_budget=cfg.image_budget),
+                       stateful=session.handlers(), on_turn=charge_refused(session))
     traj.meta["easel"] = {"steps_used": session.steps_used, "budget": budget,
                           "strokes": session.strokes.round(6).tolist(), "s_curve": list(session.s_curve),
                           **outcome_scores(easel_task, session.canvas)}

@@ -7,19 +7,26 @@ the 6 path params when the appearance is fixed), ``undo`` and ``submit``.
 Step accounting: every ``brush_stroke`` (accepted or rejected) and every
 ``undo`` consumes one step of the budget; ``submit`` ends the episode without
 consuming one. Invalid calls (unknown tool, bad arguments) also consume a
-step, since a real agent spent a turn on them. With ``int_coords=True`` the
-path coordinates are integers 0-1000 (the EASEL-Data format). After each step the
+step, since a real agent spent a turn on them. After each step the
 reconstruction similarity S is appended to the S curve (reconstruction tasks
 only; semantic tasks are scored once at the end).
+
+``CanvasSession.handlers()`` is the one adapter from the episode runner to the
+canvas: the ``stateful`` handlers (``ToolRequest -> ToolResult``) that the EASEL
+bench's agent runner and the GRPO ``EaselEnv`` both pass to their episode.
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+from PIL import Image
+
+from toolserver.registry import OutputKind
+from toolserver.request import ToolRequest
+from toolserver.results import ToolResult
 
 from . import metrics, render
 
@@ -58,8 +65,6 @@ class CanvasSession:
     fixed_appearance: bool = False
     checker: Callable[[np.ndarray, np.ndarray], str | None] | None = None
     track_s: bool = True
-    # EASEL-Data format: path coordinates arrive as integers 0-1000
-    int_coords: bool = False
     history: list[Event] = field(default_factory=list)
     s_curve: list[float] = field(default_factory=list)
 
@@ -160,11 +165,6 @@ class CanvasSession:
             return self._consume("undo", args, True, "undid last stroke")
         if name != "brush_stroke":
             return self._consume(str(name), args, False, f"unknown tool {name!r}")
-        if self.int_coords and _params13 is None:
-            try:
-                args = {k: (float(v) / 1000.0 if k in render.PATH_NAMES else v) for k, v in args.items()}
-            except (TypeError, ValueError):
-                return self._consume("brush_stroke", args, False, "invalid arguments: non-numeric coordinate")
         try:
             if _params13 is not None:
                 p = render.validate_params(_params13)
@@ -185,97 +185,32 @@ class CanvasSession:
         self._stack.append((p, before))
         return self._consume("brush_stroke", args, True, "stroke applied", params=p)
 
-    def execute(self, tool_call: dict) -> StepResult:
-        """Run ``{"name": ..., "arguments": {...}}`` (OpenAI-style tool call)."""
-        return self.call(tool_call.get("name", ""), tool_call.get("arguments") or {})
+    # -- the episode runner's stateful handlers ---------------------------------
+    def handlers(self) -> dict[str, Callable[[ToolRequest], ToolResult]]:
+        """``brush_stroke``/``undo``/``submit`` as ``stateful`` handlers of an episode: each result
+        carries the canvas image and ``step k/B`` (plus S when tracked); ``data["end_episode"]`` ends
+        the episode when the session accepts nothing more."""
+        return {"brush_stroke": lambda req: self._result(self.call("brush_stroke", dict(req.args))),
+                "undo": lambda req: self._result(self.call("undo", {})),
+                "submit": self._submit_handler}
+
+    def _result(self, r: StepResult) -> ToolResult:
+        text = f"{r.message}. step {r.steps_used}/{self.budget}." + (f" S={r.s:.4f}." if r.s is not None else "")
+        data: dict[str, Any] = {"steps_used": r.steps_used, "budget": self.budget}
+        if r.s is not None:
+            data["s"] = r.s
+        if r.done:
+            data["end_episode"] = "submit" if self.submitted else "budget"
+            text += " Episode finished."
+        if not r.ok:
+            return ToolResult.failure("stroke_rejected" if "wall" in r.message else "canvas_refused", text, data=data)
+        return ToolResult(True, text, kind=OutputKind.CANVAS, image=to_pil(self.canvas), data=data)
+
+    def _submit_handler(self, req: ToolRequest) -> ToolResult:
+        r = self.call("submit", {})
+        return ToolResult(True, f"submitted after {r.steps_used} steps.", kind=OutputKind.NONE,
+                          data={"end_episode": "submit", "steps_used": r.steps_used})
 
 
-def registry_tool_names() -> tuple[str, ...]:
-    """EASEL tool names from the shared registry (fallback if it is unavailable)."""
-    try:
-        from toolserver.registry import tool_names
-        return tuple(tool_names("easel"))
-    except Exception:  # registry not importable in a stripped environment
-        return ("brush_stroke", "undo", "submit")
-
-
-def registry_param_names() -> tuple[str, ...]:
-    try:
-        from toolserver.registry import BRUSH_PARAMS
-        return tuple(BRUSH_PARAMS)
-    except Exception:
-        return render.PARAM_NAMES
-
-
-# ---------------------------------------------------------------------------
-# RL task source: a TRL-style environment with S (or the semantic score) as reward
-# ---------------------------------------------------------------------------
-
-def task_from_spec(spec: dict | str) -> Any:
-    """``{"kind": "reconstruction", "category": "natural", "seed": 3}`` or
-    ``{"kind": "semantic", "name": "simple_maze", "seed": 0}`` (or its JSON) -> task."""
-    from . import tasks
-    d = json.loads(spec) if isinstance(spec, str) else dict(spec)
-    if d.get("kind", "reconstruction") == "reconstruction":
-        return tasks.make_reconstruction(d["category"], int(d.get("seed", 0)), d.get("natural_dir"))
-    makers = {"circle_outline": tasks.circle_outline_task, "apple_outline": tasks.apple_outline_task,
-              "simple_maze": tasks.simple_maze_task, "hard_maze": tasks.hard_maze_task}
-    name = d["name"]
-    if name == "handwriting":
-        return tasks.HandwritingTask(word=d.get("word", "hello"))
-    return makers[name](int(d.get("seed", 0)))
-
-
-def grpo_task_rows(n_per_category: int, seed: int = 0, semantic: bool = False) -> list[dict]:
-    """Rows for an RL trainer: instruction prompt + a JSON task spec for ``reset``."""
-    from . import tasks
-    rows = []
-    for cat in tasks.CATEGORIES:
-        for i in range(n_per_category):
-            spec = {"kind": "reconstruction", "category": cat, "seed": seed * 1000 + i}
-            rows.append({"prompt": [{"role": "user", "content": tasks.ReconstructionTask.instruction}],
-                         "task": json.dumps(spec)})
-    if semantic:
-        for name in ("circle_outline", "apple_outline", "handwriting", "simple_maze", "hard_maze"):
-            spec = {"kind": "semantic", "name": name, "seed": seed}
-            rows.append({"prompt": [{"role": "user", "content": task_from_spec(spec).instruction}],
-                         "task": json.dumps(spec)})
-    return rows
-
-
-class EaselEnvironment:
-    """One rollout's environment: ``reset(task=...)``, tool methods, ``reward()``.
-
-    Tool methods mirror the registry's easel family and return the observation
-    text; the current canvas image is ``self.session.canvas``. The outcome
-    reward is the final S for reconstruction and the task score otherwise.
-    """
-
-    def __init__(self) -> None:
-        self.task: Any = None
-        self.session: CanvasSession | None = None
-
-    def reset(self, task: dict | str, **_: Any) -> str:
-        self.task = task_from_spec(task)
-        self.session = CanvasSession.for_task(self.task, track_s=getattr(self.task, "reference", None) is not None)
-        return f"{self.task.instruction} Budget: {self.task.budget} steps."
-
-    def _obs(self, r: StepResult) -> str:
-        extra = f" S={r.s:.4f}." if r.s is not None else ""
-        return f"{r.message}. step {r.steps_used}/{self.session.budget}.{extra}" + (" Episode finished." if r.done else "")
-
-    def brush_stroke(self, **kwargs: Any) -> str:
-        return self._obs(self.session.call("brush_stroke", kwargs))
-
-    def undo(self) -> str:
-        return self._obs(self.session.call("undo", {}))
-
-    def submit(self) -> str:
-        return self._obs(self.session.call("submit", {}))
-
-    def reward(self) -> float:
-        if self.session is None:
-            return 0.0
-        if getattr(self.task, "reference", None) is not None:
-            return float(self.session.similarity().s)
-        return float(self.task.score(self.session.canvas))
+def to_pil(img: np.ndarray) -> Image.Image:
+    return Image.fromarray(render.to_uint8(img))

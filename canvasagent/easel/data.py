@@ -7,7 +7,7 @@ canvas, and the target is the assistant turn::
     <reason>...</reason><tool_call>{"name": "brush_stroke", "arguments": {...}}</tool_call>
 
 Coordinates (xs, ys, xc, yc, xe, ye) are quantised to integers 0-1000 (the
-environment divides them by 1000, see ``CanvasSession(int_coords=True)``);
+environment divides them by 1000 with :func:`path_to_unit`);
 radius, opacity and colour are written as floats with 3 decimals in [0, 1].
 
 Curricula (paper Sec. 4):
@@ -81,6 +81,11 @@ def path_to_unit(args: dict) -> dict:
     anything else is left as it is, for the validator to refuse with its own message)."""
     return {k: (v / 1000.0 if k in COORD_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) else v)
             for k, v in args.items()}
+
+
+def path_to_int1000(args: dict) -> dict:
+    """The inverse of :func:`path_to_unit`: [0, 1] path coordinates -> integers 0-1000."""
+    return {k: (int(round(v * 1000)) if k in COORD_KEYS else v) for k, v in args.items()}
 
 
 def dequantise(args: dict) -> np.ndarray:

@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -47,13 +47,7 @@ class SemanticResult:
         return asdict(self)
 
 
-def make_task(name: str, seed: int, ocr: tasks.OCRFn | None = None) -> Any:
-    if name == "handwriting":
-        return tasks.HandwritingTask(ocr=ocr)
-    makers: dict[str, Callable[[int], Any]] = {
-        "circle_outline": tasks.circle_outline_task, "apple_outline": tasks.apple_outline_task,
-        "simple_maze": tasks.simple_maze_task, "hard_maze": tasks.hard_maze_task}
-    return makers[name](seed)
+make_task = tasks.semantic_task
 
 
 def result_of(task: Any, seed: int, policy: str, session: CanvasSession, seconds: float) -> SemanticResult:

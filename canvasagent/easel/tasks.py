@@ -218,11 +218,30 @@ _MAKERS: dict[str, Callable[..., np.ndarray]] = {
 }
 
 
-def make_reconstruction(category: str, seed: int, natural_dir: str | Path | None = None) -> ReconstructionTask:
+def make_reconstruction(category: str, seed: int, natural_dir: str | Path | None = None,
+                        resolution: int | None = None, budget: int | None = None) -> ReconstructionTask:
+    """The bench's task of `category` and `seed` (Table 1 size and budget). Another `resolution`
+    draws the same generator at that size (task id suffixed ``-{res}px``); `budget` overrides."""
     cat = CATEGORIES[category]
+    res = resolution or cat.resolution
     kw = {"folder": natural_dir} if category == "natural" else {}
-    ref = _MAKERS[category](seed, cat.resolution, **kw)
-    return ReconstructionTask(f"{category}-{seed:04d}", category, np.clip(ref, 0, 1).astype(np.float32), cat.budget)
+    ref = _MAKERS[category](seed, res, **kw)
+    tid = f"{category}-{seed:04d}" + ("" if res == cat.resolution else f"-{res}px")
+    return ReconstructionTask(tid, category, np.clip(ref, 0, 1).astype(np.float32), budget or cat.budget)
+
+
+def task_from_spec(spec: dict, ocr: "OCRFn | None" = None):
+    """The one spec -> task factory: ``{"kind": "reconstruction", "category", "seed"[, "resolution",
+    "budget", "natural_dir"]}`` or ``{"kind": "semantic", "name", "seed"}``. At the category's own
+    size a reconstruction task is the bench's, bit for bit; a spec's budget applies to a resized one
+    (the runners read a spec's budget themselves)."""
+    seed = int(spec.get("seed", 0))
+    if spec.get("kind", "reconstruction") == "semantic":
+        return semantic_task(spec["name"], seed, ocr)
+    cat, res = spec["category"], spec.get("resolution")
+    resized = res is not None and int(res) != CATEGORIES[cat].resolution
+    return make_reconstruction(cat, seed, spec.get("natural_dir"), int(res) if resized else None,
+                               int(spec["budget"]) if resized and spec.get("budget") else None)
 
 
 def reconstruction_suite(n_per_category: int, seed: int = 0, categories: Sequence[str] | None = None,
@@ -554,3 +573,12 @@ def hard_maze_task(seed: int = 0) -> MazeTask:
 def semantic_suite(seed: int = 0, ocr: OCRFn | None = None) -> list:
     return [circle_outline_task(seed), apple_outline_task(seed), HandwritingTask(ocr=ocr),
             simple_maze_task(seed), hard_maze_task(seed)]
+
+
+def semantic_task(name: str, seed: int = 0, ocr: "OCRFn | None" = None):
+    """A semantic task by name (``canvasagent.easel.semantic.TASK_NAMES``)."""
+    if name == "handwriting":
+        return HandwritingTask(ocr=ocr)
+    makers = {"circle_outline": circle_outline_task, "apple_outline": apple_outline_task,
+              "simple_maze": simple_maze_task, "hard_maze": hard_maze_task}
+    return makers[name](seed)

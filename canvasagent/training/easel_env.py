@@ -7,7 +7,7 @@ and the task JSON, whose `meta.easel` holds the spec `reset` rebuilds the EASEL 
 
 `EaselEnv` is a `CanvasEnv` whose tool methods are generated from the registry's `easel` family
 (`brush_stroke`/`undo`/`submit`), and whose episode runs them as `stateful` handlers over a
-`CanvasSession` (`canvasagent.easel.agent.CanvasTools`), exactly as `canvasagent easel bench
+`CanvasSession` (`CanvasSession.handlers()`), exactly as `canvasagent easel bench
 --policy agent:...` does: same budget, undo and submit semantics, same rejection of invalid
 strokes (an observation that costs a step, not an exception). Every tool result carries the
 current canvas image and the text reply.
@@ -42,7 +42,6 @@ from PIL import Image
 from canvasagent.episode import Episode
 from canvasagent.protocol import render_system_prompt
 from canvasagent.training.env import CanvasEnv, make_env_class, task_from_row
-from toolserver.registry import BRUSH_PATH_PARAMS
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +74,9 @@ def task_specs(easel_cfg: Any) -> list[dict[str, Any]]:
 
 @lru_cache(maxsize=256)
 def _easel_task(spec_json: str) -> Any:
-    from canvasagent.easel import semantic, tasks
+    from canvasagent.easel.tasks import task_from_spec
 
-    spec = json.loads(spec_json)
-    if spec["kind"] == "semantic":
-        return semantic.make_task(spec["name"], int(spec["seed"]))
-    cat, seed, res = spec["category"], int(spec["seed"]), int(spec["resolution"])
-    if res == tasks.CATEGORIES[cat].resolution:
-        return tasks.make_reconstruction(cat, seed)  # the bench's task, bit for bit
-    # A smaller canvas (cheap CPU runs): the same generator drawn at that size. tasks.py keeps
-    # its generators in one table; we read it rather than keep a second category -> maker list.
-    ref = tasks._MAKERS[cat](seed, res)
-    return tasks.ReconstructionTask(f"{cat}-{seed:04d}-{res}px", cat, ref.clip(0, 1).astype("float32"), int(spec["budget"]))
+    return task_from_spec(json.loads(spec_json))
 
 
 def easel_task(spec: dict[str, Any]) -> Any:
@@ -202,8 +192,7 @@ def _in_coords(reply: str, have: str, want: str) -> str:
         return reply
     parsed = parse_reply(reply)
     args = parsed.call.arguments
-    args = data.path_to_unit(args) if have == "int1000" else {
-        k: (int(round(v * 1000)) if k in BRUSH_PATH_PARAMS else v) for k, v in args.items()}
+    args = data.path_to_unit(args) if have == "int1000" else data.path_to_int1000(args)
     return format_reply(parsed.reason or "", {"name": parsed.call.name, "arguments": args})
 
 
@@ -284,13 +273,12 @@ class EaselEnv(CanvasEnv):
 
         Private: TRL offers every public method of an environment to the policy as a tool.
         """
-        from canvasagent.easel.agent import CanvasTools
         from canvasagent.easel.canvas import CanvasSession
 
         self.easel_task = easel_task
         self.session = CanvasSession.for_task(easel_task)
         self.session.budget = int(budget)
-        self.episode = Episode(self.toolbox(), self.episode_config, stateful=CanvasTools(self.session).handlers())
+        self.episode = Episode(self.toolbox(), self.episode_config, stateful=self.session.handlers())
         self.episode.reset(task)
         self._trajectory = None
         self.scores = None
@@ -312,7 +300,7 @@ class EaselEnv(CanvasEnv):
         return [{"type": "image", "image": self._state_image()}, {"type": "text", "text": text}]
 
     def _state_image(self) -> Image.Image:
-        from canvasagent.easel.agent import to_pil
+        from canvasagent.easel.canvas import to_pil
 
         return to_pil(self.session.canvas)
 

@@ -4,7 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from canvasagent.easel import agent, tasks
+from canvasagent.easel import agent, render, tasks
+from canvasagent.protocol import format_reply
 from tests.fixtures_models import tiny_qwen3vl_dir  # noqa: F401  (session fixture)
 
 
@@ -100,24 +101,25 @@ def test_cli_agent_and_semantic_suites(tmp_path, capsys):
         a.func(a)  # heuristic is a semantic-suite policy; reconstruction takes agent:easel:heuristic
 
 
-def test_recent_canvases_keeps_only_the_newest_images():
-    from PIL import Image
-    seen = {}
+def test_the_bench_and_training_share_the_image_budget():
+    from canvasagent.training.config import TrainConfig
+
+    assert agent.AgentConfig().image_budget == TrainConfig().image_budget
+    task = tasks.make_reconstruction("spatial", 0)
+    seen = []
 
     class Probe:
         name = "probe"
 
         def act(self, messages, episode):
-            seen["m"] = messages
-            return "x"
+            seen.append(sum(p["type"] == "image" for m in messages if isinstance(m["content"], list) for p in m["content"]))
+            return format_reply("stroke", {"name": "brush_stroke", "arguments": {**dict.fromkeys(render.PARAM_NAMES, 0.5)}})
 
-    img = Image.new("RGB", (4, 4))
-    msgs = [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "t"}]}]
-    for i in range(3):
-        msgs.append({"role": "assistant", "content": [{"type": "text", "text": "a"}]})
-        msgs.append({"role": "tool", "content": [{"type": "image", "image": img}, {"type": "text", "text": str(i)}]})
-    agent.RecentCanvases(Probe(), keep=1).act(msgs, None)
-    kinds = [p["type"] for m in seen["m"] for p in m["content"] if m["role"] != "assistant"]
-    assert kinds.count("image") == 2  # the opening image and the newest canvas
-    assert seen["m"][-1]["content"][0]["type"] == "image" and seen["m"][2]["content"][0]["type"] == "text"
-    assert msgs[2]["content"][0]["type"] == "image"  # the episode's own messages are untouched
+    class Source:
+        name = "probe"
+
+        def for_task(self, *a):
+            return Probe()
+
+    agent.play(Source(), task, agent.AgentConfig(budget=4, image_budget=1))
+    assert seen == [2, 3, 3, 3]  # the reference and the blank canvas, plus the newest canvas only

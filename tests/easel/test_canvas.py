@@ -2,7 +2,8 @@
 import numpy as np
 
 from canvasagent.easel import render, tasks
-from canvasagent.easel.canvas import CanvasSession, registry_param_names, registry_tool_names
+from canvasagent.easel.canvas import CanvasSession
+from toolserver.registry import BRUSH_PARAMS, tool_names
 
 
 def _args(p):
@@ -21,7 +22,7 @@ def test_stroke_undo_submit():
     assert not s.call("undo", {}).ok  # nothing to undo, still a step
     assert not s.call("brush_stroke", {"xs": 0.1}).ok  # invalid args cost a step
     assert not s.call("paint_bucket", {}).ok
-    r = s.execute({"name": "submit", "arguments": {}})
+    r = s.call("submit", {})
     assert r.done and s.submitted and s.steps_used == 5
     assert not s.call("brush_stroke", _args(p)).ok  # finished
     assert [e.tool for e in s.history][:2] == ["brush_stroke", "undo"]
@@ -50,35 +51,18 @@ def test_fixed_appearance_and_maze_rejection():
     assert t.score(s.canvas) == 1.0
 
 
-def test_int_coords_mode():
-    s = CanvasSession(render.blank_canvas(32), budget=4, int_coords=True)
-    args = {"xs": 100, "ys": 500, "xc": 500, "yc": 500, "xe": 900, "ye": 500,
-            "rs": 0.2, "os": 1, "re": 0.2, "oe": 1, "cr": 0, "cg": 0, "cb": 0}
-    assert s.call("brush_stroke", args).ok
-    assert s.strokes[0, 0] == 0.1 and s.canvas[16, 16].max() < 0.01
-
-
 def test_registry_names_consistent():
-    assert set(registry_tool_names()) >= {"brush_stroke", "undo", "submit"}
-    assert tuple(registry_param_names()) == render.PARAM_NAMES
+    assert set(CanvasSession(render.blank_canvas(8), budget=1).handlers()) == set(tool_names("easel"))
+    assert tuple(BRUSH_PARAMS) == render.PARAM_NAMES
 
 
-def test_rl_environment_and_rows():
-    from canvasagent.easel.canvas import EaselEnvironment, grpo_task_rows
-    rows = grpo_task_rows(1, semantic=True)
-    assert len(rows) == 9 and all("task" in r and r["prompt"] for r in rows)
-    env = EaselEnvironment()
-    env.reset(task=rows[0]["task"])
-    base = env.reward()
-    obs = env.brush_stroke(**render.params_to_dict(np.array([0.2, 0.2, 0.5, 0.5, 0.8, 0.8, 0.5, 1, 0.5, 1,
-                                                              *env.task.reference.reshape(-1, 3).mean(0)])))
-    assert "stroke applied" in obs and "S=" in obs
-    assert env.reward() != base
-    assert "Episode finished" in env.submit()
-    maze_row = [r for r in rows if "simple_maze" in r["task"]][0]
-    env.reset(task=maze_row["task"])
-    assert env.reward() == 0.0
-    assert "wall" in env.brush_stroke(xs=0.0, ys=0.5, xc=0.5, yc=0.5, xe=1.0, ye=0.5)
+def test_one_task_factory_for_specs():
+    assert np.array_equal(tasks.task_from_spec({"category": "spatial", "seed": 2}).reference,
+                          tasks.make_reconstruction("spatial", 2).reference)
+    small = tasks.task_from_spec({"kind": "reconstruction", "category": "spatial", "seed": 2, "resolution": 32, "budget": 5})
+    assert small.reference.shape[0] == 32 and small.budget == 5 and small.task_id == "spatial-0002-32px"
+    maze = tasks.task_from_spec({"kind": "semantic", "name": "simple_maze", "seed": 0})
+    assert np.array_equal(maze.initial_canvas(), tasks.simple_maze_task(0).initial_canvas())
 
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
