@@ -163,6 +163,8 @@ class TrainConfig:
         if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json", "mixed", "easel", "easel-data"):
             raise ValueError(f"unknown data.format {self.data.format!r}")
         check_budget(self.image_budget)
+        if self.image_budget is not None and self.data.format in ("easel", "easel-data"):
+            raise ValueError("image_budget applies to the CanvasAgent layout; EASEL rows keep their own (set it to null)")
         if self.easel.coords not in ("unit", "int1000"):
             raise ValueError(f"easel.coords must be unit or int1000, got {self.easel.coords!r}")
         if self.data.format == "easel":
