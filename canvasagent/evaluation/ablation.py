@@ -76,6 +76,10 @@ class EvalSection:
 @dataclass
 class AblationConfig:
     name: str = "ablation"
+    # A configs/pipeline/<name> whose data stage builds the grid's data under <out>/data: every
+    # run trains on it (its data format, paths and tools) and every cell is evaluated on its
+    # held-out split, which replaces `eval.tasks`. None: the train configs' own data.
+    data: str | None = None
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
     cells: list[CellSpec] = field(default_factory=list)
@@ -167,12 +171,13 @@ class AblationRunner:
         self.out = Path(out_dir).resolve()
         self.trainer = trainer or cli_trainer(config.train.launcher)
         self.evaluator = evaluator or evaluate_policy
+        self._data_cache: dict[str, Any] | None = None
 
     # -- stages ------------------------------------------------------------------------------
     def plan(self) -> list[str]:
         """Human-readable stages, in order (for --dry-run)."""
         t = self.cfg.train
-        steps = []
+        steps = [f"data: pipeline {self.cfg.data} data stage -> {self.out / 'data'}"] if self.cfg.data else []
         if any(c.sft for c in self.cfg.cells):
             steps.append(f"train sft  --config {t.sft_config} -> {self.out / 'sft'}")
         for c in self.cfg.cells:
@@ -206,7 +211,26 @@ class AblationRunner:
             out.append(f"eval split {self.cfg.eval.tasks} does not exist yet (build it with python -m canvascraft build-rl)")
         return out
 
+    def _data(self) -> dict[str, Any]:
+        """Build (or find, on a rerun) the `data` pipeline's data; the training overrides and the
+        eval split it gives every run."""
+        if self._data_cache is not None:
+            return self._data_cache
+        from canvasagent.pipeline import Pipeline, PipelineConfig
+
+        pipe = Pipeline(PipelineConfig.load(self.cfg.data, out=str(self.out)))
+        pipe.run(only=["data"])
+        if "canvascraft" not in pipe.cfg.sources or pipe.cfg.data != "canvascraft":
+            raise AblationError(f"data: pipeline {self.cfg.data!r} must use data: canvascraft (it has {pipe.cfg.data!r})")
+        cc = self.out / "data" / "canvascraft"
+        common = {"data.format": "canvascraft", "tools.names": pipe.policy_tools()}
+        self._data_cache = {"sft": {**common, "data.path": str(cc / "sft")}, "grpo": {**common, "data.path": str(cc / "rl")},
+                            "eval_tasks": str(cc / "rl"), "tools": ",".join(pipe.policy_tools())}
+        return self._data_cache
+
     def eval_tasks(self) -> str:
+        if self.cfg.data:
+            return self._data()["eval_tasks"]
         tasks = self.cfg.eval.tasks
         if isinstance(tasks, str):
             return tasks
@@ -235,7 +259,8 @@ class AblationRunner:
         if done:
             return Path(done["final"])
         t0 = time.perf_counter()
-        final = self.trainer("sft", self.cfg.train.sft_config, d, dict(self.cfg.train.sft_overrides), d / "train.log")
+        data = self._data()["sft"] if self.cfg.data else {}
+        final = self.trainer("sft", self.cfg.train.sft_config, d, {**data, **self.cfg.train.sft_overrides}, d / "train.log")
         _mark(d / "done.json", {"final": str(final), "seconds": time.perf_counter() - t0})
         return final
 
@@ -244,14 +269,18 @@ class AblationRunner:
         done = _done(d / "done.json")
         if done:
             return Path(done["final"])
-        overrides = {**self.cfg.train.grpo_overrides, "grpo.reward_preset": cell.reward_preset, "run.init_from": str(init) if init else None, **cell.grpo_overrides}
+        data = self._data()["grpo"] if self.cfg.data else {}
+        overrides = {**data, **self.cfg.train.grpo_overrides, "grpo.reward_preset": cell.reward_preset, "run.init_from": str(init) if init else None, **cell.grpo_overrides}
         t0 = time.perf_counter()
         final = self.trainer("grpo", self.cfg.train.grpo_config, d, overrides, d / "train.log")
         _mark(d / "done.json", {"final": str(final), "seconds": time.perf_counter() - t0})
         return final
 
     def policy_spec(self, checkpoint: Path) -> str:
-        opts = "&".join(f"{k}={v}" for k, v in self.cfg.eval.policy_options.items())
+        options = dict(self.cfg.eval.policy_options)
+        if self.cfg.data:  # the policy lists the tools it was trained with
+            options["tools"] = self._data()["tools"]
+        opts = "&".join(f"{k}={v}" for k, v in options.items())
         return f"hf:{checkpoint}" + (f"?{opts}" if opts else "")
 
     def run_cell(self, cell: CellSpec) -> CellResult:
@@ -277,10 +306,16 @@ class AblationRunner:
         _mark(d / "done.json", res.to_dict())
         return res
 
-    def run(self) -> dict[str, Any]:
+    def run(self, only: list[str] | None = None) -> dict[str, Any]:
+        """Run every cell (or the cells named in `only`); the table covers every finished cell."""
         results: dict[str, CellResult] = {}
         failures: dict[str, str] = {}
         for cell in self.cfg.cells:
+            if only and cell.name not in only:
+                done = _done(self.out / "cells" / slug(cell.name) / "done.json")
+                if done:
+                    results[cell.name] = CellResult(**done)
+                continue
             try:
                 results[cell.name] = self.run_cell(cell)
             except AblationError as e:  # one failed cell must not cost the others

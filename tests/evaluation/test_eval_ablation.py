@@ -127,3 +127,49 @@ def test_shipped_grids_load_and_dry_run(capsys, tmp_path):
     assert not (tmp_path / "unused-ablation-dir").exists()  # a dry run writes nothing
     text = capsys.readouterr().out
     assert "train sft  --config sft_tiny_cpu" in text and "reward no-process, from sft/final" in text
+
+
+def test_only_named_cells_run_and_the_table_keeps_finished_ones(grid, tmp_path):
+    cfg = AblationConfig.load(grid)
+    trainer = FakeTrainer()
+    AblationRunner(cfg, tmp_path / "abl", trainer, fake_evaluator([])).run(only=["SFT only"])
+    assert [k for k, _ in trainer.calls] == ["sft"]
+    trainer2 = FakeTrainer()
+    out = AblationRunner(cfg, tmp_path / "abl", trainer2, fake_evaluator([])).run(only=["SFT+RL"])
+    assert [k for k, _ in trainer2.calls] == ["grpo"]  # the SFT run is shared, not repeated
+    assert "| SFT only |" in out["markdown"] and "| SFT+RL |" in out["markdown"] and "| RL only |" not in out["markdown"]
+    assert cli_main(["ablate", "--grid", str(grid), "--out", str(tmp_path / "abl"), "--cell", "No such cell"]) == 2
+
+
+def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid, tmp_path):
+    """`data: <pipeline>` builds that pipeline's CanvasCraft data once (real offline build) and
+    points every run, the eval split and the policy's tool list at it."""
+    pipe = tmp_path / "pipe.yaml"
+    pipe.write_text(yaml.safe_dump({
+        "data": "canvascraft", "cc_chains": ["chains", "chains_offline"],
+        "cc_mix": {"single": 0, "hard": 0, "offline": 0, "Flip": 1}, "cc_rl_mix": {"single": 0, "hard": 0, "offline": 0, "Rotate+Flip": 1},
+        "cc_sft_n": 2, "cc_rl_n": 2, "cc_eval_n": 2,
+    }))
+    g = yaml.safe_load(grid.read_text())
+    g["data"] = str(pipe)
+    g["cells"] = g["cells"][:3]
+    path = tmp_path / "grid_data.yaml"
+    path.write_text(yaml.safe_dump(g))
+    cfg = AblationConfig.load(path)
+    trainer, evals, seen = FakeTrainer(), [], []
+
+    def evaluate(policy, tasks, out, judge, preset, config, limit, title=""):
+        seen.append(tasks)
+        return fake_evaluator(evals)(policy, tasks, out, judge, preset, config, limit, title)
+
+    out_dir = tmp_path / "abl"
+    AblationRunner(cfg, out_dir, trainer, evaluate).run()
+    cc = out_dir / "data" / "canvascraft"
+    sft_over = trainer.calls[0][1]
+    assert sft_over["data.format"] == "canvascraft" and sft_over["data.path"] == str(cc / "sft")
+    assert all(o["data.path"] == str(cc / "rl") for k, o in trainer.calls if k == "grpo")
+    assert sft_over["tools.names"] == ["Rotate", "Flip"]  # registry order, the tools of both mixes
+    assert set(seen) == {str(cc / "rl")} and all(p.endswith("tools=Rotate,Flip") for p, _ in evals)
+    from canvasagent.evaluation.tasks_io import load_tasks
+
+    assert [t.expected_tools for t in load_tasks(cc / "rl")] == [["Rotate", "Flip"]] * 2
