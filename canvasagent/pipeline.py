@@ -15,55 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from canvasagent.stage_runner import run_stage
+
 log = logging.getLogger(__name__)
 
-
-def _rss_mb() -> dict[str, float]:
-    """This process's resident memory now (MB): all of it, and its anonymous part (Linux)."""
-    out: dict[str, float] = {}
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                key, _, val = line.partition(":")
-                if key in ("VmRSS", "RssAnon"):
-                    out["rss" if key == "VmRSS" else "anon"] = int(val.split()[0]) / 1024
-    except OSError:  # not Linux: the lifetime peak is all there is
-        import resource
-
-        out["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return out
-
-
-class _PeakRSS:
-    """Samples this process's RSS in a thread while a stage runs; `peaks()` is the stage's peak."""
-
-    def __init__(self, every_s: float = 0.25):
-        import threading
-
-        self.every_s, self._peak = every_s, _rss_mb()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self.every_s):
-            for k, v in _rss_mb().items():
-                self._peak[k] = max(self._peak.get(k, 0.0), v)
-
-    def __enter__(self) -> "_PeakRSS":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def peaks(self) -> dict[str, float]:
-        return {f"peak_{k}_mb": round(v, 1) for k, v in self._peak.items()}
 
 STAGES = ("data", "eval_base", "sft", "eval_sft", "grpo", "eval_grpo", "report")
 
@@ -271,7 +230,8 @@ class Pipeline:
         index = {s: [i for i, x in enumerate(sources) if x == s] for s in dict.fromkeys(sources)}
         model, processor = load_policy(str(model_dir)), load_processor(str(model_dir))
         common = dict(scorer=scorer, toolbox=toolbox, tool_fns=ws.tool_fns, max_turns=self.grpo.grpo.max_turns,
-                      max_new_tokens=self.cfg.eval_max_new_tokens, model=model, processor=processor)
+                      max_new_tokens=self.cfg.eval_max_new_tokens, model=model, processor=processor,
+                      image_budget=self.grpo.image_budget)
         # Trajectories and per-task results under <stage>/greedy and <stage>/sampled: an
         # interrupted evaluation stage resumes there.
         res = evaluate_model(model_dir, tasks, out_dir=self.out / name / "greedy", **common)
@@ -317,7 +277,14 @@ class Pipeline:
         return write_report(self.out, results)
 
     # -- driver ------------------------------------------------------------------------------------
-    def run(self, only: list[str] | None = None, on_stage: Callable[[str, dict], None] | None = None) -> dict[str, Any]:
+    def run(self, only: list[str] | None = None, on_stage: Callable[[str, dict], None] | None = None,
+            isolate: bool = True) -> dict[str, Any]:
+        """Run the stages not done yet, in order. With `isolate` (the default) every stage but the
+        report runs in a fresh subprocess (`canvasagent.stage_runner.run_stage`), so what a stage
+        loaded (tool backends, torch and TRL state, allocator slack) is gone before the next one
+        starts. Each stage's `done.json` records its time and the peak RSS of the pipeline's
+        processes (this one plus the stage's subprocess) while it ran: `peak_rss_mb`,
+        `peak_anon_mb`."""
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "pipeline_config.json").write_text(json.dumps(asdict(self.cfg), indent=2))
         results: dict[str, Any] = {}
@@ -331,12 +298,9 @@ class Pipeline:
                 log.info("[pipeline] %s: done already, skipping", stage)
                 results[stage] = prev
                 continue
-            log.info("[pipeline] %s: starting", stage)
-            t0 = time.perf_counter()
-            with _PeakRSS() as rss:
-                data = getattr(self, f"stage_{stage}")()
-            data["seconds"] = round(time.perf_counter() - t0, 1)
-            data.update(rss.peaks())  # peak_rss_mb, peak_anon_mb: this process, during this stage
+            log.info("[pipeline] %s: starting%s", stage, " (subprocess)" if isolate and stage != "report" else "")
+            run = run_stage(getattr(self, f"stage_{stage}"), isolate=isolate and stage != "report")
+            data = {**run.value, "seconds": run.seconds, **run.peaks}
             results[stage] = _mark(self.out / stage, data)
             log.info("[pipeline] %s: finished in %.1fs, peak RSS %s MB", stage, data["seconds"], data.get("peak_rss_mb"))
             if on_stage:
@@ -344,5 +308,5 @@ class Pipeline:
         return results
 
 
-def run_pipeline(cfg: PipelineConfig, only: list[str] | None = None) -> dict[str, Any]:
-    return Pipeline(cfg).run(only)
+def run_pipeline(cfg: PipelineConfig, only: list[str] | None = None, isolate: bool = True) -> dict[str, Any]:
+    return Pipeline(cfg).run(only, isolate=isolate)

@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N tasks")
     p.add_argument("--no-resume", action="store_true", help="rerun tasks that already have results")
     p.add_argument("--success-threshold", type=float, default=0.5, help="alignment needed to count a success")
+    p.add_argument("--image-budget", type=int, default=None, metavar="N",
+                   help="show the policy only the last N tool images (older ones as their asset id); default all. "
+                        "Use the image_budget the checkpoint was trained with")
     p.add_argument("--max-invalid", type=int, default=4, help="stop an episode after N unparseable replies in a row (0: never)")
     p.add_argument("--episode-timeout", type=float, default=0.0, help="wall-clock seconds per episode (0: none)")
     add_tools_config_arg(p)
@@ -52,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         tools=args.tools_config,
         success_threshold=args.success_threshold,
         resume=not args.no_resume,
+        image_budget=args.image_budget,
         guard=GuardConfig(max_consecutive_invalid=args.max_invalid, episode_timeout_s=args.episode_timeout),
     )
     t0 = time.monotonic()

@@ -100,7 +100,7 @@ class Session:
             raise RuntimeError("this session has no policy; use take_over()")
         t0 = time.perf_counter()
         try:
-            reply = self.policy.act(self.episode.messages, self.episode)
+            reply = self.policy.act(self.episode.context(), self.episode)
         except Exception as e:  # shown to the user, who can retry or take over
             log.warning("policy failed: %s", e)
             return Proposal("", parse_reply(""), time.perf_counter() - t0, f"{type(e).__name__}: {e}")
