@@ -113,7 +113,7 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
         "",
     ]
     if peak_rss:
-        md += ["Peak RSS of the pipeline process per stage (MB): " + ", ".join(f"{k} {v}" for k, v in peak_rss.items()), ""]
+        md += ["Peak RSS of the pipeline (its process plus the stage subprocess) per stage (MB): " + ", ".join(f"{k} {v}" for k, v in peak_rss.items()), ""]
     if diagnostics.get("metrics"):
         collapsed = diagnostics["tool_collapse_steps"]
         md += [f"GRPO training diagnostics over {diagnostics['n_steps']} logged steps (grpo/metrics.jsonl); "

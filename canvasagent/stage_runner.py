@@ -1,0 +1,204 @@
+"""Run one stage of a job in this process or in a fresh Python subprocess, and measure its memory.
+
+    from canvasagent.stage_runner import run_stage
+    run = run_stage(pipeline.stage_grpo, isolate=True)
+    run.value, run.seconds, run.peaks   # the stage's return value; {"peak_rss_mb": ..., "peak_anon_mb": ...}
+
+A subprocess bounds a stage's memory by the stage alone: whatever it loaded (tool backends,
+torch, TRL state) and whatever the allocator kept of what it freed goes back to the system when
+the process exits, so one stage's leftovers never add to the next one's peak. The stage must then
+be picklable (a module-level function, or a method of a picklable object) and so must its
+arguments and its return value; the subprocess imports the same packages as this process (this
+checkout first on its path), inherits the environment, the working directory and stdout/stderr,
+and logs at this process's root log level. An exception in the subprocess is raised here as a
+`StageFailed` carrying the subprocess's traceback; an interrupt here terminates the subprocess.
+
+`PeakRSS` samples the resident memory of this process plus all its descendants (a stage's
+subprocess and anything it starts), so the peak it reports is the job's, whichever way the
+stage ran. Linux only for the descendants and the anonymous part; elsewhere it falls back to
+this process's lifetime peak.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_REPO_ROOT = Path(__file__).resolve().parents[1]  # holds canvasagent/, toolserver/, rewards/, canvascraft/
+
+
+class StageFailed(RuntimeError):
+    """A stage run in a subprocess raised (`remote_traceback` is its traceback) or died."""
+
+    def __init__(self, message: str, remote_traceback: str = ""):
+        super().__init__(message + (f"\n--- in the stage subprocess ---\n{remote_traceback}" if remote_traceback else ""))
+        self.remote_traceback = remote_traceback
+
+
+# ---------------------------------------------------------------------------------- memory
+
+
+def _status_mb(pid: int | str = "self") -> dict[str, float]:
+    out: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            key, _, val = line.partition(":")
+            if key in ("VmRSS", "RssAnon"):
+                out["rss" if key == "VmRSS" else "anon"] = int(val.split()[0]) / 1024
+    return out
+
+
+def _descendants(root: int) -> list[int]:
+    """Live descendants of `root` (from each process's parent id in /proc/<pid>/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:  # exited while listing
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])  # after the command name, which may hold spaces
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.append(c)
+            todo.append(c)
+    return found
+
+
+def rss_mb(children: bool = False) -> dict[str, float]:
+    """Resident memory now (MB): `rss` (all of it) and `anon` (its anonymous part), of this
+    process, or with `children` of this process plus all its descendants."""
+    try:
+        out = _status_mb()
+        if children:
+            for pid in _descendants(os.getpid()):
+                try:
+                    for k, v in _status_mb(pid).items():
+                        out[k] = out.get(k, 0.0) + v
+                except OSError:  # exited meanwhile
+                    pass
+        return out
+    except OSError:  # not Linux: the lifetime peak of this process is all there is
+        import resource
+
+        return {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+class PeakRSS:
+    """Samples the RSS of this process and its descendants in a thread while a block runs;
+    `peaks()` is the block's peak: {"peak_rss_mb": ..., "peak_anon_mb": ...}."""
+
+    def __init__(self, every_s: float = 0.25):
+        self.every_s, self._peak = every_s, rss_mb(children=True)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="peak-rss", daemon=True)
+
+    def _update(self) -> None:
+        for k, v in rss_mb(children=True).items():
+            self._peak[k] = max(self._peak.get(k, 0.0), v)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._update()
+
+    def __enter__(self) -> "PeakRSS":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._update()
+
+    def peaks(self) -> dict[str, float]:
+        return {f"peak_{k}_mb": round(v, 1) for k, v in self._peak.items()}
+
+
+# ---------------------------------------------------------------------------------- running
+
+
+@dataclass
+class StageRun:
+    value: Any
+    seconds: float
+    peaks: dict[str, float] = field(default_factory=dict)  # peak_rss_mb, peak_anon_mb: this process + descendants
+    isolated: bool = False
+
+
+def run_stage(fn: Callable[..., Any], *args: Any, isolate: bool = False, sample_every_s: float = 0.25, **kwargs: Any) -> StageRun:
+    """`fn(*args, **kwargs)` in this process, or with `isolate` in a fresh Python subprocess, timed
+    and with its peak RSS (this process plus descendants) sampled while it runs."""
+    t0 = time.perf_counter()
+    with PeakRSS(sample_every_s) as rss:
+        value = _run_isolated(fn, args, kwargs) if isolate else fn(*args, **kwargs)
+    return StageRun(value, round(time.perf_counter() - t0, 1), rss.peaks(), isolate)
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # This checkout's packages first, as in this process (an editable install may point elsewhere).
+    paths = [str(_REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def _run_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+    name = getattr(fn, "__qualname__", repr(fn))
+    try:
+        payload = pickle.dumps((fn, args, kwargs, logging.getLogger().getEffectiveLevel()))
+    except Exception as e:
+        raise TypeError(f"run_stage(isolate=True) needs a picklable stage and arguments; {name}: {e}") from e
+    with tempfile.TemporaryDirectory(prefix="stage_") as tmp:
+        job, result = Path(tmp) / "job.pkl", Path(tmp) / "result.pkl"
+        job.write_bytes(payload)
+        proc = subprocess.Popen([sys.executable, "-m", "canvasagent.stage_runner", str(job), str(result)], env=_child_env())
+        try:
+            rc = proc.wait()
+        except BaseException:  # interrupted here: the stage must not outlive us
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+        if not result.exists():
+            raise StageFailed(f"stage {name} died in its subprocess (exit {rc}) without a result")
+        status, value, tb = pickle.loads(result.read_bytes())
+    if status == "ok":
+        return value
+    raise StageFailed(f"stage {name} failed in its subprocess: {value}", tb)
+
+
+def _child_main(job: str, result: str) -> int:
+    fn, args, kwargs, level = pickle.loads(Path(job).read_bytes())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        out: tuple = ("ok", fn(*args, **kwargs), "")
+    except BaseException as e:  # reported to the parent, which raises it
+        out = ("error", f"{type(e).__name__}: {e}", traceback.format_exc())
+    tmp = Path(result + ".tmp")
+    tmp.write_bytes(pickle.dumps(out))
+    tmp.replace(result)
+    return 0 if out[0] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1], sys.argv[2]))
