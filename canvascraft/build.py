@@ -226,8 +226,13 @@ def _execute(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str
         return
     n = workers or os.cpu_count() or 1
     if n <= 1 or len(jobs) == 1:
-        for job in jobs:
-            yield run_shard(kind, cfg_dict, job, out)
+        from canvascraft.context import release_contexts
+
+        try:
+            for job in jobs:
+                yield run_shard(kind, cfg_dict, job, out)
+        finally:  # the build's models are not needed past it
+            release_contexts()
         return
     yield from _execute_pool(kind, cfg_dict, jobs, out, n, restarts)
 

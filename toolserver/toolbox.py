@@ -137,6 +137,8 @@ class LocalToolbox:
             return ToolResult.failure("tool_exception", f"{request.tool} failed: {type(e).__name__}: {e}")
 
     def close(self) -> None:
+        """Release every backend's loaded model. The toolbox stays usable: a later call to a
+        model tool loads its backend again."""
         for b in self.backends.values():
             close = getattr(b, "close", None)
             if callable(close):
@@ -169,6 +171,9 @@ class _LazyBackend:
         return result
 
     def close(self) -> None:
-        close = getattr(self._fn, "close", None)
+        """Release the backend and what it loaded; a later call builds it again."""
+        with self._lock:
+            fn, self._fn = self._fn, None
+        close = getattr(fn, "close", None)
         if callable(close):
             close()

@@ -73,6 +73,13 @@ class Lazy(Generic[T]):
                     self._value = self._build()
         return self._value
 
+    def reset(self) -> bool:
+        """Drop the built value (its memory goes once no caller holds it); the next `get()`
+        builds it again. True if there was one."""
+        with self._lock:
+            had, self._value = self._value is not None, None
+        return had
+
 
 _SHARED: dict[tuple[Any, ...], Lazy[Any]] = {}
 _SHARED_LOCK = threading.Lock()
@@ -83,6 +90,33 @@ def shared(key: tuple[Any, ...], build: Callable[[], T]) -> T:
     with _SHARED_LOCK:
         lazy = _SHARED.setdefault(key, Lazy(build))
     return lazy.get()
+
+
+_TRIM: Any = None
+
+
+def return_freed_memory() -> None:
+    """Hand the heap pages freed so far back to the system (glibc's `malloc_trim`; elsewhere a
+    no-op). A released model's memory is freed in pieces small enough for glibc to keep in its
+    arenas, so without this the process's RSS would not go down."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+def forget_shared(key: tuple[Any, ...]) -> None:
+    """Drop this process's entry for `key`: backends holding the model keep it until they
+    release it, and the next `shared(key, ...)` builds a new one."""
+    with _SHARED_LOCK:
+        _SHARED.pop(key, None)
 
 
 def require(module: str, install_hint: str) -> ModuleType:

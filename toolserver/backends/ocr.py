@@ -26,7 +26,16 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from toolserver.backends._base import BackendUnavailable, Lazy, parse_params, require, shared, to_rgb
+from toolserver.backends._base import (
+    BackendUnavailable,
+    Lazy,
+    forget_shared,
+    parse_params,
+    require,
+    return_freed_memory,
+    shared,
+    to_rgb,
+)
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -140,12 +149,21 @@ class RapidOcrBackend:
         self.params = params
         self._engine: Lazy[Any] = Lazy(self._load)
 
-    def _load(self) -> tuple[Any, threading.Lock]:
+    def _key(self) -> tuple[Any, ...]:
         p = self.params
-        key = ("rapidocr", p.text_score, p.use_cls, p.threads, p.det_limit_type, p.det_limit_side_len, p.det_model_path, p.rec_model_path, p.cls_model_path, repr(sorted(p.extra.items())))
+        return ("rapidocr", p.text_score, p.use_cls, p.threads, p.det_limit_type, p.det_limit_side_len, p.det_model_path, p.rec_model_path, p.cls_model_path, repr(sorted(p.extra.items())))
+
+    def _load(self) -> tuple[Any, threading.Lock]:
         # Backends differing only in text layout share one engine (and its lock: rapidocr
         # keeps per-call state in its preprocessing objects).
-        return shared(key, lambda: (self._create(), threading.Lock()))
+        return shared(self._key(), lambda: (self._create(), threading.Lock()))
+
+    def close(self) -> None:
+        """Release this backend's engine (the onnxruntime sessions go once no other backend
+        holds them); a later call loads one again."""
+        forget_shared(self._key())
+        if self._engine.reset():
+            return_freed_memory()
 
     def _create(self) -> Any:
         rapidocr = require("rapidocr", "pip install 'rapidocr>=3' onnxruntime")
