@@ -55,8 +55,7 @@ def evaluate(ckpt: str, cfg: Any, out: Path, max_new_tokens: int) -> dict[str, A
     from canvasagent.protocol import parse_reply
     from canvasagent.training import easel_env
     from canvasagent.training.common import workspace
-    from canvasagent.training.evaluate import LayoutPolicy
-    from canvasagent.training.messages import system_text
+    from canvasagent.training.messages import LayoutPolicy, system_text
 
     hf = HFLocalPolicy(ckpt, HFGenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0))
     # The training workspace's tool list (GRPO's order), so the system text is the trained bytes.

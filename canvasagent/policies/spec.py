@@ -241,8 +241,7 @@ def _training_layout(policy: Any, tools: list[str]) -> Any:
     """Show a checkpoint trained by `canvasagent.train` exactly the prompt layout it was trained on
     (system text with the chat template's tool block for `tools`), via the training package."""
     from canvasagent.training.env import tool_functions
-    from canvasagent.training.evaluate import LayoutPolicy
-    from canvasagent.training.messages import system_text
+    from canvasagent.training.messages import LayoutPolicy, system_text
 
     wrapped = LayoutPolicy(policy, system_text(policy.processor, tool_functions(tools or None), "canvasagent"))
     wrapped.name = policy.name

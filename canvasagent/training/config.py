@@ -17,6 +17,10 @@ from canvasagent.image_budget import check_budget
 TINY = "tiny"  # model.name_or_path value meaning "build the tiny offline Qwen3-VL under the run dir"
 
 
+# Reward components an EASEL run can weight (easel.reward_weights keys).
+EASEL_COMPONENTS = ("easel_s", "format", "action", "rule")
+
+
 @dataclass
 class ModelSection:
     name_or_path: str = TINY  # hub id, local dir, or "tiny"
@@ -192,8 +196,6 @@ class TrainConfig:
     def _validate_easel(self) -> None:
         from canvasagent.easel.semantic import TASK_NAMES
         from canvasagent.easel.tasks import CATEGORIES
-
-        from canvasagent.training.easel_env import EASEL_COMPONENTS
 
         e = self.easel
         if self.kind != "grpo":

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any, Callable
 
 from canvasagent.image_budget import apply_image_budget
 from canvasagent.tasks import Task
 from canvasagent.training.config import TrainConfig
-from canvasagent.training.messages import prompt_messages, sft_example
+from canvasagent.training.messages import grpo_row, sft_example
 
 log = logging.getLogger(__name__)
 
@@ -31,22 +30,6 @@ def source_config(cfg: TrainConfig, fmt: str) -> TrainConfig:
     from dataclasses import replace
 
     return replace(cfg, data=replace(cfg.data, format=fmt))
-
-
-def grpo_row(task: Task) -> dict[str, Any]:
-    """A GRPO row: the prompt (TRL adds the tool block), the input images, the task for `reset`.
-
-    Reference images (for the offline alignment judge) travel in their own image column, since
-    the task JSON cannot hold images.
-    """
-    meta = {k: v for k, v in task.meta.items() if k != "reference_images"}
-    data = {**task.to_dict(), "meta": meta}
-    return {
-        "prompt": prompt_messages(task, task.family),
-        "images": list(task.images),
-        "reference_images": list(task.meta.get("reference_images") or []),
-        "task": json.dumps(data, default=str),
-    }
 
 
 def sft_rows(cfg: TrainConfig, system: str, toolbox_factory: Callable[[], Any]) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """EASEL as a GRPO task source: rows, a TRL environment over the bench's canvas, S as the reward.
 
 `data.format: easel` turns EASEL tasks (`canvasagent.easel.tasks`: the four reconstruction
-categories, optionally the semantic tasks) into GRPO rows in `data.grpo_row`'s layout: the prompt,
+categories, optionally the semantic tasks) into GRPO rows in `messages.grpo_row`'s layout: the prompt,
 the images (`img_1` the reference, `img_2` the blank canvas; semantic tasks: `img_1` the canvas)
 and the task JSON, whose `meta.easel` holds the spec `reset` rebuilds the EASEL task from.
 
@@ -12,7 +12,7 @@ and the task JSON, whose `meta.easel` holds the spec `reset` rebuilds the EASEL 
 strokes (an observation that costs a step, not an exception). Every tool result carries the
 current canvas image and the text reply.
 
-The reward is scored from the finished episode: `easel_s` is the final canvas's S against the
+The reward (`rewarding.easel_scorer`) is scored from the finished episode: `easel_s` is the final canvas's S against the
 reference (`canvasagent.easel.metrics.similarity`; semantic tasks: the task's own score), next to
 the rule reward's format and action-validity terms (`rewards.rule.score_rule`, preset from
 `grpo.reward_preset`). Weights come from `easel.reward_weights` in the YAML.
@@ -44,9 +44,6 @@ from canvasagent.protocol import render_system_prompt
 from canvasagent.training.env import CanvasEnv, make_env_class, task_from_row
 
 log = logging.getLogger(__name__)
-
-# Reward components an EASEL run can weight (easel.reward_weights keys).
-EASEL_COMPONENTS = ("easel_s", "format", "action", "rule")
 
 
 # -- tasks and rows --------------------------------------------------------------------------------
@@ -116,7 +113,7 @@ def with_coords(system: str, coords: str) -> str:
 
 
 def grpo_rows(easel_cfg: Any) -> list[dict[str, Any]]:
-    from canvasagent.training.data import grpo_row
+    from canvasagent.training.messages import grpo_row
 
     rows = [grpo_row(agent_task_of(s)) for s in task_specs(easel_cfg)]
     if not rows:
@@ -343,27 +340,5 @@ def make_easel_env_class(max_turns: int, reward_weights: dict[str, float], coord
 # -- reward -------------------------------------------------------------------------------------------
 
 
-def easel_scorer(reward_weights: dict[str, float], preset: str = "paper"):
-    """`easel_s` (outcome) + the rule reward's format / action / total terms, as a HybridScorer."""
-    from rewards.config import load_reward_config
-    from rewards.rule import score_rule
-
-    from canvasagent.training.rewarding import HybridScorer
-
-    rule_cfg = load_reward_config(preset).rule
-
-    def score(traj: Any) -> dict[str, float]:
-        e = traj.meta.get("easel")
-        if e is None:  # never finished through EaselEnv: no canvas to score
-            log.warning("trajectory %s has no EASEL outcome; easel_s = 0", traj.task.id)
-            e = {}
-        rule = score_rule(traj, rule_cfg)
-        return {"easel_s": float(e.get("score", 0.0)), "format": rule.r_format, "action": rule.r_action, "rule": rule.r_rule}
-
-    weights = {k: float(reward_weights.get(k, 0.0)) for k in EASEL_COMPONENTS}
-    return HybridScorer(weights, score, f"easel+rule:{preset}")
-
-
 def is_easel_toolbox(toolbox: Any) -> bool:
     return isinstance(toolbox, EaselToolbox)
-

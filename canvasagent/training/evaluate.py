@@ -18,22 +18,10 @@ from canvasagent.evaluation.metrics import TaskResult, policy_metrics
 from canvasagent.policies.guards import GuardConfig
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory
-from canvasagent.training.messages import policy_messages, system_text
+from canvasagent.training.messages import LayoutPolicy, system_text
 from canvasagent.training.rewarding import HybridScorer
 
 log = logging.getLogger(__name__)
-
-
-class LayoutPolicy:
-    """Wraps a generation policy so it sees exactly the training layout (system text with the tool block)."""
-
-    def __init__(self, inner: Any, system: str):
-        self.inner = inner
-        self.system = system
-        self.name = getattr(inner, "name", "model")
-
-    def act(self, messages: list[dict[str, Any]], episode: Any) -> str:
-        return self.inner.act(policy_messages(messages, self.system), episode)
 
 
 class _OnePolicy:

@@ -15,8 +15,8 @@ from canvasagent.training.common import (
     workspace,
 )
 from canvasagent.training.config import TrainConfig
-from canvasagent.training.dryrun import require_ready
 from canvasagent.training.data import grpo_dataset
+from canvasagent.training.preflight import require_ready
 from canvasagent.training.rewarding import TRLRewards, make_scorer
 
 log = logging.getLogger(__name__)

@@ -108,6 +108,22 @@ def sft_example(traj: Trajectory, system: str, image_budget: int | None = None) 
     return {"messages": messages, "images": kept}
 
 
+def grpo_row(task: Task) -> dict[str, Any]:
+    """A GRPO row: the prompt (TRL adds the tool block), the input images, the task for `reset`.
+
+    Reference images (for the offline alignment judge) travel in their own image column, since
+    the task JSON cannot hold images.
+    """
+    meta = {k: v for k, v in task.meta.items() if k != "reference_images"}
+    data = {**task.to_dict(), "meta": meta}
+    return {
+        "prompt": prompt_messages(task, task.family),
+        "images": list(task.images),
+        "reference_images": list(task.meta.get("reference_images") or []),
+        "task": json.dumps(data, default=str),
+    }
+
+
 def fill_images(batch: dict[str, list]) -> dict[str, list]:
     """`Dataset.with_transform`: embed tool-turn images as PIL, keep user images in `images`.
 
@@ -168,3 +184,15 @@ def policy_messages(episode_messages: list[Message], system: str) -> list[Messag
             continue
         out.append(m)
     return out
+
+
+class LayoutPolicy:
+    """Wraps a generation policy so it sees exactly the training layout (system text with the tool block)."""
+
+    def __init__(self, inner: Any, system: str):
+        self.inner = inner
+        self.system = system
+        self.name = getattr(inner, "name", "model")
+
+    def act(self, messages: list[dict[str, Any]], episode: Any) -> str:
+        return self.inner.act(policy_messages(messages, self.system), episode)

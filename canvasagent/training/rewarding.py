@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from canvasagent.tasks import Task
+from canvasagent.training.config import EASEL_COMPONENTS
 from canvasagent.training.env import CanvasEnv, trajectory_of
 from canvasagent.trajectory import Trajectory
 
@@ -53,7 +54,7 @@ def make_scorer(preset: str = "paper", judge: str = "offline", toolbox: Any = No
     An EASEL env's toolbox (data.format: easel) selects the EASEL scorer instead: the final
     canvas's S plus the preset's rule terms, weighted by `easel.reward_weights`.
     """
-    from canvasagent.training.easel_env import easel_scorer, is_easel_toolbox
+    from canvasagent.training.easel_env import is_easel_toolbox
 
     if is_easel_toolbox(toolbox):
         return easel_scorer(toolbox.reward_weights, preset)
@@ -64,6 +65,25 @@ def make_scorer(preset: str = "paper", judge: str = "offline", toolbox: Any = No
     j = reward.cfg.judges
     return HybridScorer(dict(reward.weights), lambda t: {k: float(v) for k, v in reward.score(t).items()}, f"rewards:{preset}",
                         j.max_fallback_share, j.on_excess_fallbacks)
+
+
+def easel_scorer(reward_weights: dict[str, float], preset: str = "paper"):
+    """`easel_s` (outcome) + the rule reward's format / action / total terms, as a HybridScorer."""
+    from rewards.config import load_reward_config
+    from rewards.rule import score_rule
+
+    rule_cfg = load_reward_config(preset).rule
+
+    def score(traj: Any) -> dict[str, float]:
+        e = traj.meta.get("easel")
+        if e is None:  # never finished through EaselEnv: no canvas to score
+            log.warning("trajectory %s has no EASEL outcome; easel_s = 0", traj.task.id)
+            e = {}
+        rule = score_rule(traj, rule_cfg)
+        return {"easel_s": float(e.get("score", 0.0)), "format": rule.r_format, "action": rule.r_action, "rule": rule.r_rule}
+
+    weights = {k: float(reward_weights.get(k, 0.0)) for k in EASEL_COMPONENTS}
+    return HybridScorer(weights, score, f"easel+rule:{preset}")
 
 
 def source_of(task: Task) -> str:

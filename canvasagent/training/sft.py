@@ -16,8 +16,8 @@ from canvasagent.training.common import (
     workspace,
 )
 from canvasagent.training.config import TrainConfig
-from canvasagent.training.dryrun import require_ready
 from canvasagent.training.data import sft_dataset
+from canvasagent.training.preflight import require_ready
 from canvasagent.training.messages import system_text
 
 log = logging.getLogger(__name__)

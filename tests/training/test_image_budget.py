@@ -20,9 +20,13 @@ from canvasagent.image_budget import omitted_text
 from canvasagent.policies.hf_local import HFLocalPolicy
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.env import tool_functions, trajectory_of
-from canvasagent.training.evaluate import LayoutPolicy
 from canvasagent.training.grpo import build_grpo_trainer
-from canvasagent.training.messages import fill_images, sft_example, system_text
+from canvasagent.training.messages import (
+    LayoutPolicy,
+    fill_images,
+    sft_example,
+    system_text,
+)
 from tests.training.conftest import record_scored_batches
 
 CALL = '<reason>Mirror {a}.</reason>\n<tool_call>\n{{"name": "Flip", "arguments": {{"image": "{a}"}}}}\n</tool_call>'

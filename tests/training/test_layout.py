@@ -14,13 +14,13 @@ from canvasagent.training.env import make_env_class, tool_functions, trajectory_
 from canvasagent.training.messages import (
     assistant_message,
     fill_images,
+    grpo_row,
     prompt_messages,
     reply_text,
     sft_example,
     system_text,
 )
 from canvasagent.training.scripted import SCRIPTED_TOOLS, make_tasks, run_reference
-from canvasagent.training.data import grpo_row
 from toolserver.registry import REGISTRY, tools
 
 TOOLS = list(SCRIPTED_TOOLS)

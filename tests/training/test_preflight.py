@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from canvasagent.train import main
 from canvasagent.training import dry_run, run
 from canvasagent.training.config import TrainConfig
-from canvasagent.training.dryrun import PreflightError, _probe_ray, preflight
+from canvasagent.training.preflight import PreflightError, _probe_ray, preflight
 
 
 def dead_port() -> int:
