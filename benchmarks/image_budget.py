@@ -64,7 +64,7 @@ def worker(model_dir: str, budget: int | None, turns: int, size: int) -> dict:
     import torch
     from PIL import Image
 
-    from canvasagent.config import make_toolbox
+    from toolserver.client import make_toolbox
     from canvasagent.episode import Episode, EpisodeConfig
     from canvasagent.image_budget import apply_image_budget, count_images
     from canvasagent.models import load_policy, load_processor

@@ -105,7 +105,7 @@ def easel_tasks(n: int, res: int = 64, n_strokes: int = 3) -> list[tuple[Any, An
 
 
 def run_all(n: int, work: Path, chains: str = "single", only: tuple[str, ...] = ("scripted", "canvascraft", "easel")) -> list[dict[str, Any]]:
-    from canvasagent.config import make_toolbox
+    from toolserver.client import make_toolbox
     from canvasagent.easel.agent import NoToolbox, charge_refused, outcome_scores
     from canvasagent.easel.canvas import CanvasSession
     from canvasagent.episode import EpisodeConfig, run_episode

@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from canvasagent.config import make_toolbox  # noqa: E402
+from toolserver.client import make_toolbox  # noqa: E402
 from canvasagent.episode import EpisodeConfig, run_episode  # noqa: E402
 from canvasagent.policies.replay import ReplayPolicy  # noqa: E402
 from canvasagent.protocol import format_reply  # noqa: E402

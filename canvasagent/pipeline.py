@@ -69,7 +69,7 @@ class PipelineConfig:
     @classmethod
     def load(cls, name_or_path: str | Path = "default", **overrides: Any) -> "PipelineConfig":
         """A configs/pipeline/ YAML (or a path); keyword overrides that are not None win."""
-        from canvasagent.config import find_config, from_dict, load_yaml
+        from toolserver.config import find_config, from_dict, load_yaml
 
         data = load_yaml(find_config(name_or_path, "pipeline"))
         data.update({k: v for k, v in overrides.items() if v is not None})
@@ -93,7 +93,7 @@ def offline_tools() -> list[str]:
     """Tools with real offline backends, the only ones the CPU pipeline uses: the registry's pure
     tools plus the model tools `configs/tools/offline.yaml` gives a backend (OCR, SR), in registry
     order. Derived, so the registry stays the one tool list."""
-    from canvasagent.config import ToolsConfig
+    from toolserver.config import ToolsConfig
     from toolserver.registry import Backend, tools
 
     served = set(ToolsConfig.load("offline").backends)

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from canvasagent.config import find_config, from_dict, load_yaml
+from toolserver.config import find_config, from_dict, load_yaml
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from canvasagent.config import find_config, load_yaml
+from toolserver.config import find_config, load_yaml
 from toolserver.registry import REGISTRY, OutputKind, unmet_needs
 
 # Short names used in the paper's tables.

@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from canvasagent.config import make_toolbox
+from toolserver.client import make_toolbox
 from canvascraft.build import BuildConfig
 from canvascraft.chains import ChainSet
 from canvascraft.sources import ImageSource, make_source

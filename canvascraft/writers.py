@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from canvasagent.config import find_config, load_yaml
+from toolserver.config import find_config, load_yaml
 from canvasagent.llm_client import ChatClient, ChatEndpoint, EndpointError
 from canvascraft.plan import Plan, Step
 

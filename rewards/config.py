@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from canvasagent.config import find_config, from_dict, load_yaml
+from toolserver.config import find_config, from_dict, load_yaml
 
 
 # -- rule reward ------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Mapping, Sequence
 
-from canvasagent.config import find_config, load_yaml
+from toolserver.config import find_config, load_yaml
 from toolserver.serve_config import ServeConfig, ServeConfigError, check_bind, check_placement, missing_node_resources, node_resources
 
 

@@ -1,9 +1,10 @@
-"""Remote toolboxes: the same `Toolbox` interface over a Ray Serve handle or over HTTP.
+"""The toolbox a tools config asks for: in-process, or the same `Toolbox` interface over a Ray
+Serve handle or over HTTP.
 
-`canvasagent.config.make_toolbox` calls `make_remote_toolbox(cfg)` for `client: ray | http`.
-Both clients retry when a replica dies or the server is briefly unreachable, and turn every
-other problem into a failed `ToolResult`: a rollout sees an error observation, never an
-exception.
+`make_toolbox(cfg)` returns a `LocalToolbox` for `client: local` and `make_remote_toolbox(cfg)`
+for `client: ray | http`. Both remote clients retry when a replica dies or the server is briefly
+unreachable, and turn every other problem into a failed `ToolResult`: a rollout sees an error
+observation, never an exception.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from toolserver.config import ToolsConfig
 from toolserver.limits import DEFAULT_ROW_OVERHEAD_PIXELS, too_many_pixels
 from toolserver.registry import REGISTRY
 from toolserver.request import ToolRequest
@@ -343,7 +346,7 @@ class HttpToolbox:
 
 
 def make_remote_toolbox(cfg: Any):
-    """The remote toolbox for a `canvasagent.config.ToolsConfig` with client ray|http.
+    """The remote toolbox for a `ToolsConfig` with client ray|http.
 
     For `ray`, `url` is the Ray address (default "auto"); for `http`, the server's base URL.
     """
@@ -360,3 +363,14 @@ def make_remote_toolbox(cfg: Any):
         token = os.environ.get(cfg.token_env or DEFAULT_TOKEN_ENV) or None
         return HttpToolbox(url=cfg.url or DEFAULT_HTTP_URL, token=token, profile=profile, max_pixels=cfg.max_pixels)
     raise ValueError(f"make_remote_toolbox handles client ray|http, not {cfg.client!r}")
+
+
+def make_toolbox(cfg: ToolsConfig | str | Path = "offline"):
+    """The toolbox a config asks for: in-process, a Ray Serve handle, or HTTP."""
+    if not isinstance(cfg, ToolsConfig):
+        cfg = ToolsConfig.load(cfg)
+    if cfg.client == "local":
+        return LocalToolbox.from_config(cfg)
+    if cfg.client in ("ray", "http"):
+        return make_remote_toolbox(cfg)
+    raise ValueError(f"unknown toolbox client {cfg.client!r} (local | ray | http)")

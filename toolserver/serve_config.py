@@ -16,11 +16,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from toolserver.config import ToolsConfig, find_config, from_dict, load_yaml
 from toolserver.limits import Limits
 from toolserver.registry import REGISTRY, Backend, ToolSpec, tools
 from toolserver.results import ToolResult
 
-DEFAULT_TOKEN_ENV = "CANVASAGENT_TOOLSERVER_TOKEN"  # same default as canvasagent.config.ToolsConfig
+DEFAULT_TOKEN_ENV = "CANVASAGENT_TOOLSERVER_TOKEN"  # same default as toolserver.config.ToolsConfig
 DEFAULT_APP_NAME = "toolserver"
 DEFAULT_MAX_PIXELS = 40_000_000
 _EPS = 1e-9
@@ -127,14 +128,10 @@ class ServeConfig:
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, name_or_path: str | Path) -> "ServeConfig":
-        from canvasagent.config import find_config, load_yaml
-
         return cls.from_dict(load_yaml(find_config(name_or_path, "serve")))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ServeConfig":
-        from canvasagent.config import from_dict
-
         data = copy.deepcopy(data)
         defaults = data.pop("defaults", None) or {}
         tool_data = data.pop("tools", None) or {}
@@ -158,8 +155,6 @@ class ServeConfig:
         return cfg
 
     def _take_backends(self, tools_config: str) -> None:
-        from canvasagent.config import ToolsConfig
-
         for tool, bcfg in ToolsConfig.load(tools_config).backends.items():
             if tool not in self.tools:
                 raise ValueError(f"backends_from={tools_config!r} names {tool!r}, which is not a served tool")

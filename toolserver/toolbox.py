@@ -70,7 +70,7 @@ class LocalToolbox:
 
     @classmethod
     def from_config(cls, cfg: Any) -> "LocalToolbox":
-        """Build from a `canvasagent.config.ToolsConfig` (duck-typed to avoid an import cycle)."""
+        """Build from a `toolserver.config.ToolsConfig` (duck-typed: `toolserver.config` is not imported here)."""
         backends: dict[str, BackendFn] = {}
         for tool, bcfg in (cfg.backends or {}).items():
             if tool not in REGISTRY:

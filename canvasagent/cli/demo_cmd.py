@@ -33,11 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from canvasagent.config import make_toolbox
     from canvasagent.episode import run_episode
     from canvasagent.policies import ReplayPolicy
     from canvasagent.protocol import format_reply
     from canvasagent.tasks import Task
+    from toolserver.client import make_toolbox
 
     console = Console()
     replies = [format_reply(r, c) for r, c in DEMO_REPLIES] + [format_reply("The caption is placed; done.", terminate=True)]

@@ -49,7 +49,7 @@ _NO_CONFIG = re.compile(r"^no (\w+) config ")
 
 def config_choices(kind: str) -> str:
     """The shipped config names of configs/<kind>/, comma-separated ('' when there are none)."""
-    from canvasagent.config import CONFIG_DIR
+    from toolserver.config import CONFIG_DIR
 
     return ", ".join(sorted(p.stem for p in (CONFIG_DIR / kind).glob("*.yaml")))
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from canvasagent.cli.common import add_tools_config_arg, parse_image_args
-from canvasagent.config import ToolsConfig, make_toolbox
+from toolserver.config import ToolsConfig
+from toolserver.client import make_toolbox
 from canvasagent.formats.sharegpt import FormatError, is_sharegpt, iter_records, read_record
 from canvasagent.imageio import ImageLoadError
 from canvasagent.replay import from_public, from_trajectory, replay, write_report

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 from canvasagent.cli.common import add_tools_config_arg, parse_image_args
-from canvasagent.config import ToolsConfig, make_toolbox
 from canvasagent.imageio import ImageLoadError
 from canvasagent.tasks import Task
+from toolserver.client import make_toolbox
+from toolserver.config import ToolsConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from canvasagent.config import find_config, from_dict, load_yaml
 from canvasagent.evaluation.api import evaluate_policy
 from canvasagent.evaluation.report import metrics_table
 from canvasagent.evaluation.runner import EvalConfig
+from toolserver.config import find_config, from_dict, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -238,10 +238,8 @@ class AblationRunner:
             path = self.out / "eval_tasks"
             if not (path / "tasks.jsonl").exists():
                 from canvasagent.evaluation.tasks_io import write_tasks
-                from canvasagent.training.scripted import make_tasks
-
-                from canvasagent.config import make_toolbox
-                from canvasagent.training.scripted import attach_reference
+                from canvasagent.training.scripted import attach_reference, make_tasks
+                from toolserver.client import make_toolbox
 
                 s = dict(tasks["scripted"])
                 pairs = make_tasks(int(s.get("n", 12)), int(s.get("seed", 9999)), int(s.get("max_steps", 2)), int(s.get("image_size", 64)))

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from canvasagent.config import make_toolbox
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.evaluation.metrics import TaskResult, merge_samples, task_result
 from canvasagent.policies.guards import GuardConfig, GuardedPolicy
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory
+from toolserver.client import make_toolbox
 
 log = logging.getLogger(__name__)
 

@@ -53,7 +53,7 @@ def resolve_model_path(cfg: TrainConfig, build: bool = True) -> str:
 
 
 def load_tools_config(cfg: TrainConfig):
-    from canvasagent.config import ToolsConfig
+    from toolserver.config import ToolsConfig
 
     tools_path = cfg.resolve(cfg.tools.config) if cfg.tools.config.endswith((".yaml", ".yml")) else None
     return ToolsConfig.load(str(tools_path) if tools_path else cfg.tools.config)
@@ -61,7 +61,7 @@ def load_tools_config(cfg: TrainConfig):
 
 def toolbox_factory(cfg: TrainConfig) -> Callable[[], Any]:
     """Builds the toolbox on first use (a Ray/HTTP client connects only when a rollout needs it)."""
-    from canvasagent.config import make_toolbox
+    from toolserver.client import make_toolbox
 
     return lambda: make_toolbox(load_tools_config(cfg))
 

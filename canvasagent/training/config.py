@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from canvasagent.config import REPO_ROOT, find_config, from_dict, load_yaml
 from canvasagent.image_budget import check_budget
+from toolserver.config import REPO_ROOT, find_config, from_dict, load_yaml
 
 TINY = "tiny"  # model.name_or_path value meaning "build the tiny offline Qwen3-VL under the run dir"
 

@@ -181,7 +181,7 @@ class ToolConcurrency:
 
     @classmethod
     def from_tools_config(cls, cfg: Any, enabled: bool = True) -> ToolConcurrency:
-        """From a `canvasagent.config.ToolsConfig` (`max_concurrent_calls`, `concurrency`)."""
+        """From a `toolserver.config.ToolsConfig` (`max_concurrent_calls`, `concurrency`)."""
         return cls(getattr(cfg, "max_concurrent_calls", None), dict(getattr(cfg, "concurrency", None) or {}), enabled)
 
 

@@ -23,7 +23,6 @@ from typing import Any
 
 from PIL import Image
 
-from canvasagent.config import make_toolbox
 from canvasagent.episode import EpisodeConfig, StepResult
 from canvasagent.imageio import load_image
 from canvasagent.interactive.session import Proposal, Session, parse_edit
@@ -32,6 +31,7 @@ from canvasagent.policies.human import human_reply
 from canvasagent.policies.spec import build_policy
 from canvasagent.protocol import format_reply
 from canvasagent.tasks import Task
+from toolserver.client import make_toolbox
 
 log = logging.getLogger(__name__)
 

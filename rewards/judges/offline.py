@@ -104,7 +104,7 @@ class OfflineJudge:
     def toolbox(self) -> Any | None:
         if self._toolbox is None and not self._toolbox_failed:
             try:
-                from canvasagent.config import make_toolbox
+                from toolserver.client import make_toolbox
 
                 self._toolbox = make_toolbox(self.cfg.tools)
             except Exception as e:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from canvasagent.config import make_toolbox
+from toolserver.client import make_toolbox
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.evaluation.metrics import task_result
 from canvasagent.policies.scripted import scripted_policy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from canvasagent.config import make_toolbox
+from toolserver.client import make_toolbox
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.policies.replay import ReplayPolicy
 from canvasagent.protocol import format_reply

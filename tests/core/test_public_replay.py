@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 from canvasagent.cli import main
-from canvasagent.config import make_toolbox
+from toolserver.client import make_toolbox
 from canvasagent.formats.sharegpt import iter_records, read_record
 from canvasagent.replay import from_public, replay
 from tests.core.conftest import gradient

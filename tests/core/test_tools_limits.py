@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from canvasagent.config import ToolsConfig, make_toolbox
+from toolserver.config import ToolsConfig
+
+from toolserver.client import make_toolbox
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.policies.replay import ReplayPolicy
 from canvasagent.protocol import format_reply

@@ -9,7 +9,7 @@ from PIL import Image
 
 from canvasagent.assets import UnknownAssetError
 from canvasagent.cli import main as cli_main
-from canvasagent.config import make_toolbox
+from toolserver.client import make_toolbox
 from canvasagent.interactive.session import Session
 from canvasagent.policies.replay import ReplayPolicy
 from canvasagent.protocol import format_reply

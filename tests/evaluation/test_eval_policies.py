@@ -8,7 +8,7 @@ import time
 import pytest
 from PIL import Image
 
-from canvasagent.config import make_toolbox
+from toolserver.client import make_toolbox
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.policies.guards import GuardConfig, GuardedPolicy
 from canvasagent.policies.openai_compat import EndpointError, OpenAICompatConfig, OpenAICompatPolicy, to_openai_messages

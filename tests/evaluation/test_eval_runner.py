@@ -213,7 +213,7 @@ class _Shared:
 def test_runner_seeded_sampling_repeats_and_merges_episodes(tiny_qwen3vl_dir, eval_split, tmp_path):
     """A sampling HF policy held in memory, several episodes per task, a caller-owned toolbox:
     the same seed gives the same episodes, and a task's result sums its episodes."""
-    from canvasagent.config import make_toolbox
+    from toolserver.client import make_toolbox
     from canvasagent.evaluation.metrics import policy_metrics
     from canvasagent.policies.hf_local import HFGenerationConfig, HFLocalPolicy
 

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import numpy as np
 from PIL import Image
 
-from canvasagent.config import make_toolbox
+from toolserver.client import make_toolbox
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.policies.replay import ReplayPolicy
 from canvasagent.tasks import Task

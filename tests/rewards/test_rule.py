@@ -300,7 +300,7 @@ def test_weights_are_configurable():
 
 def test_calls_made_through_call_tool_have_unobserved_format():
     # TRL parses calls itself and executes them with Episode.call_tool: no reply text, no findings.
-    from canvasagent.config import make_toolbox
+    from toolserver.client import make_toolbox
     from canvasagent.episode import Episode
     from canvasagent.tasks import Task
 
@@ -341,7 +341,7 @@ def test_a_huge_integer_is_a_refused_call_not_a_zeroed_trajectory():
 
 def test_an_int_with_no_decimal_form_costs_only_its_call():
     # TRL hands Episode.call_tool Python objects: 10**5000 has no str() (Python's digit limit).
-    from canvasagent.config import make_toolbox
+    from toolserver.client import make_toolbox
     from canvasagent.episode import Episode
     from canvasagent.tasks import Task
 

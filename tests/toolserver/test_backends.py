@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from canvasagent.config import ToolsConfig
+from toolserver.config import ToolsConfig
 from canvasagent.episode import run_episode
 from canvasagent.policies.replay import ReplayPolicy
 from canvasagent.protocol import TERMINATE, format_reply

@@ -112,7 +112,7 @@ def test_a_400_digit_angle_is_an_error_observation_in_an_episode():
 
 # ---------------------------------------------------------------------- 5. SR memory
 def test_offline_sr_runs_tiled():
-    from canvasagent.config import ToolsConfig
+    from toolserver.config import ToolsConfig
 
     for name in ("offline", "offline_plumbing"):
         tile = (ToolsConfig.load(name).backends["SR"].params or {}).get("tile", 0)
@@ -419,7 +419,7 @@ def _counting_backend(**_params):
 
 
 def test_concurrent_first_calls_build_one_backend(monkeypatch):
-    from canvasagent.config import BackendConfig, ToolsConfig
+    from toolserver.config import BackendConfig, ToolsConfig
 
     monkeypatch.setitem(BACKEND_FACTORIES, "counting-test", f"{__name__}:_counting_backend")
     _BUILDS.clear()

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from canvasagent.config import ToolsConfig
+from toolserver.config import ToolsConfig
 from toolserver.backends import build_backend
 from toolserver.backends.latency import latency_stats, reset_latency_stats
 from toolserver.registry import OutputKind

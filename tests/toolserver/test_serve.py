@@ -258,7 +258,8 @@ def test_an_episode_runs_over_the_remote_toolbox(http_box, ray_box):
 
 
 def test_make_toolbox_builds_remote_clients(served, url, monkeypatch):
-    from canvasagent.config import ToolsConfig, make_toolbox
+    from toolserver.config import ToolsConfig
+    from toolserver.client import make_toolbox
     from toolserver.client import HttpToolbox, RayToolbox
 
     monkeypatch.setenv("CANVASAGENT_TOOLSERVER_TOKEN", TOKEN)
@@ -414,7 +415,7 @@ def decode_image_b64(data: str) -> Image.Image:
 
 def test_canvascraft_ray_build_against_the_served_toolbox(served, tmp_path):
     """`build-sft --ray` against the Ray Serve toolbox: every kept row replays in-process to its image."""
-    from canvasagent.config import make_toolbox
+    from toolserver.client import make_toolbox
     from canvasagent.replay import from_trajectory, images_equal, replay
     from canvascraft import formats
     from canvascraft.build import load_build_config, run_build, shard_files

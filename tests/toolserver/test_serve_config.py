@@ -66,7 +66,7 @@ def test_paper_config_dry_run_places_every_model_tool():
 
 
 def test_backends_come_from_the_tools_config(tmp_path):
-    from canvasagent.config import ToolsConfig
+    from toolserver.config import ToolsConfig
 
     paper, tools = ServeConfig.load("paper_2gpu"), ToolsConfig.load("paper_gpu")
     for tool, bcfg in tools.backends.items():

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from canvasagent.config import CONFIG_DIR
+from toolserver.config import CONFIG_DIR
 from canvasagent.train import main
 from canvasagent.training import dry_run
 from canvasagent.training.config import TrainConfig

@@ -14,7 +14,7 @@ import pytest
 import torch
 from trl.data_utils import prepare_multimodal_messages
 
-from canvasagent.config import make_toolbox
+from toolserver.client import make_toolbox
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.image_budget import omitted_text
 from canvasagent.policies.hf_local import HFLocalPolicy

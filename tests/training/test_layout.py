@@ -7,7 +7,7 @@ import json
 import pytest
 from transformers.utils import get_json_schema
 
-from canvasagent.config import make_toolbox
+from toolserver.client import make_toolbox
 from canvasagent.models import load_processor
 from canvasagent.protocol import parse_reply
 from canvasagent.training.env import make_env_class, tool_functions, trajectory_of

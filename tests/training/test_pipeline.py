@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from canvasagent.cli import main
-from canvasagent.config import make_toolbox
+from toolserver.client import make_toolbox
 from canvasagent.pipeline import PipelineConfig
 
 DEFAULT_YAML = Path(__file__).parents[2] / "configs" / "pipeline" / "default.yaml"

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from canvasagent.config import find_config, load_yaml
 from canvasagent.evaluation.agent.export import ea_cot_records
 from canvasagent.evaluation.agent.planner import (
     LLMPlanner,
@@ -41,6 +40,7 @@ from canvasagent.evaluation.agent.search import (
 )
 from canvasagent.evaluation.agent.target import NOT_CONFIGURED, Target
 from canvasagent.evaluation.agent.types import AgentResult, Evidence, Plan, Round
+from toolserver.config import find_config, load_yaml
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,14 @@ from typing import Any
 
 from PIL import Image
 
-from canvasagent.config import ToolsConfig, make_toolbox
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.evaluation.agent.probes import SUITES, Case, Output
 from canvasagent.evaluation.agent.types import Plan
 from canvasagent.policies.replay import ScriptedPolicy
 from canvasagent.protocol import format_reply
 from canvasagent.tasks import Task
+from toolserver.client import make_toolbox
+from toolserver.config import ToolsConfig
 from toolserver.registry import REGISTRY, ArgType, Backend
 from toolserver.request import ToolRequest
 

@@ -1,4 +1,9 @@
-"""YAML configs loaded into dataclasses. Paths are resolved relative to the repository configs/."""
+"""YAML configs loaded into dataclasses, and the tools config (`ToolsConfig`).
+
+`find_config(name, kind)` resolves `configs/<kind>/<name>.yaml` under the repository; `from_dict`
+builds a nested dataclass from a mapping and refuses unknown keys. Every package's config
+loader uses these two. The toolbox a `ToolsConfig` asks for is `toolserver.client.make_toolbox`.
+"""
 
 from __future__ import annotations
 
@@ -105,18 +110,3 @@ class ToolsConfig:
                 raise ValueError(f"tools config: concurrency names unknown tool {tool!r}")
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"tools config: concurrency.{tool} must be an integer >= 1, got {n!r}")
-
-
-def make_toolbox(cfg: ToolsConfig | str | Path = "offline"):
-    """The toolbox a config asks for: in-process, a Ray Serve handle, or HTTP."""
-    if not isinstance(cfg, ToolsConfig):
-        cfg = ToolsConfig.load(cfg)
-    if cfg.client == "local":
-        from toolserver.toolbox import LocalToolbox
-
-        return LocalToolbox.from_config(cfg)
-    if cfg.client in ("ray", "http"):
-        from toolserver import client  # provided by the toolserver package
-
-        return client.make_remote_toolbox(cfg)
-    raise ValueError(f"unknown toolbox client {cfg.client!r} (local | ray | http)")
