@@ -105,3 +105,10 @@ def images_match(a: Image.Image, b: Image.Image, tolerance: float = 0.5 / 255) -
     if a.size != b.size:
         return False
     return float(abs(rgb_float(a) - rgb_float(b)).mean()) <= tolerance
+
+
+def images_equal(a: Image.Image, b: Image.Image) -> bool:
+    """Exactly the same image: size, mode and every pixel."""
+    import numpy as np
+
+    return a.size == b.size and a.mode == b.mode and np.array_equal(np.asarray(a), np.asarray(b))

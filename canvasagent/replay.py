@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PIL import Image
 
 from canvasagent.episode import EpisodeConfig, run_episode
 from canvasagent.formats.sharegpt import PublicTrajectory
+from canvasagent.imageio import images_equal
 from canvasagent.policies import ReplayPolicy
 from canvasagent.protocol import parse_reply
 from canvasagent.tasks import Task
@@ -66,10 +66,6 @@ def _seed_recorded(toolbox: LocalToolbox, rin: ReplayInput) -> None:
             continue
         if REGISTRY[call.name].backend is Backend.MODEL and step.text is not None:
             toolbox.add_recorded(call.name, RecordedOutput(step.text, step.image, step.ok))
-
-
-def images_equal(a: Image.Image, b: Image.Image) -> bool:
-    return a.size == b.size and a.mode == b.mode and np.array_equal(np.asarray(a), np.asarray(b))
 
 
 def replay(rin: ReplayInput, toolbox: LocalToolbox, max_turns: int | None = None) -> tuple[Trajectory, dict[str, Any]]:

@@ -10,11 +10,10 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from toolserver.client import make_toolbox
-from canvascraft.build import BuildConfig
 from canvascraft.chains import ChainSet
 from canvascraft.sources import ImageSource, make_source
 from canvascraft.writers import Phrasings, Writer, make_writer
+from toolserver.client import make_toolbox
 
 
 @dataclass
@@ -29,9 +28,9 @@ class Context:
 _CACHE: dict[str, Context] = {}
 
 
-def context_for(cfg: BuildConfig) -> Context:
-    """The context of `cfg`, built on first use. One config per process at a time: a context
-    for another config releases the previous one's models first."""
+def context_for(cfg: Any) -> Context:
+    """The context of `cfg` (a `canvascraft.build.BuildConfig`), built on first use. One config
+    per process at a time: a context for another config releases the previous one's models first."""
     key = json.dumps(asdict(cfg), sort_keys=True, default=str)
     ctx = _CACHE.get(key)
     if ctx is None:

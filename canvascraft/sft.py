@@ -18,9 +18,9 @@ from typing import Any, Callable
 from PIL import Image
 
 from canvasagent.episode import Episode, EpisodeConfig, run_episode
+from canvasagent.imageio import images_equal
 from canvasagent.policies import ScriptedPolicy
 from canvasagent.protocol import format_reply
-from canvasagent.replay import images_equal
 from canvasagent.tasks import Task
 from canvasagent.trajectory import Trajectory, Turn
 from canvascraft.chains import Chain

@@ -47,20 +47,6 @@ LAYERS = {
 }
 
 
-# Edges that existed when this test was written and are not fixed yet. This list may only shrink.
-KNOWN_UPWARD: frozenset[tuple[str, str]] = frozenset({
-    ("canvascraft.sft", "canvasagent.replay"),
-})
-KNOWN_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
-    ("canvascraft.build", "canvascraft.context"),
-    ("canvascraft.build", "canvascraft.rl"),
-    ("canvascraft.build", "canvascraft.sft"),
-    ("canvascraft.context", "canvascraft.build"),
-    ("canvascraft.rl", "canvascraft.context"),
-    ("canvascraft.rl", "canvascraft.sft"),
-    ("canvascraft.sft", "canvascraft.context"),
-})
-
 
 def layer_of(module: str) -> str:
     parts = module.split(".")
@@ -225,22 +211,14 @@ def test_every_module_has_a_layer(graph):
 
 
 def test_imports_point_down_the_layers(graph):
-    new = {e: w for e, w in upward_edges(graph).items() if e not in KNOWN_UPWARD}
-    assert not new, _report("imports that point up the layers (move the code down, or pass it in):", new)
+    up = upward_edges(graph)
+    assert not up, _report("imports that point up the layers (move the code down, or pass it in):", up)
 
 
 def test_no_import_cycle(graph):
     edges = cycle_edges(graph)
-    new = {e: w for e, w in edges.items() if e not in KNOWN_CYCLE_EDGES}
     comps = "\n".join("  cycle: " + " <-> ".join(c) for c in strongly_connected(graph))
-    assert not new, _report(f"import cycles:\n{comps}\nedges inside them:", new)
-
-
-def test_known_violations_only_shrink(graph):
-    """An entry of the allow-lists that no longer occurs must be deleted from it."""
-    stale_up = KNOWN_UPWARD - set(upward_edges(graph))
-    stale_cyc = KNOWN_CYCLE_EDGES - set(cycle_edges(graph))
-    assert not stale_up and not stale_cyc, f"fixed, delete from the allow-lists: {sorted(stale_up | stale_cyc)}"
+    assert not edges, _report(f"import cycles:\n{comps}\nedges inside them:", edges)
 
 
 def test_walk_sees_function_local_relative_and_from_imports(tmp_path):

@@ -258,9 +258,8 @@ def test_an_episode_runs_over_the_remote_toolbox(http_box, ray_box):
 
 
 def test_make_toolbox_builds_remote_clients(served, url, monkeypatch):
+    from toolserver.client import HttpToolbox, RayToolbox, make_toolbox
     from toolserver.config import ToolsConfig
-    from toolserver.client import make_toolbox
-    from toolserver.client import HttpToolbox, RayToolbox
 
     monkeypatch.setenv("CANVASAGENT_TOOLSERVER_TOKEN", TOKEN)
     for client, cls in (("http", HttpToolbox), ("ray", RayToolbox)):
@@ -415,10 +414,11 @@ def decode_image_b64(data: str) -> Image.Image:
 
 def test_canvascraft_ray_build_against_the_served_toolbox(served, tmp_path):
     """`build-sft --ray` against the Ray Serve toolbox: every kept row replays in-process to its image."""
-    from toolserver.client import make_toolbox
-    from canvasagent.replay import from_trajectory, images_equal, replay
+    from canvasagent.imageio import images_equal
+    from canvasagent.replay import from_trajectory, replay
     from canvascraft import formats
     from canvascraft.build import load_build_config, run_build, shard_files
+    from toolserver.client import make_toolbox
 
     remote = tmp_path / "remote_ray.yaml"
     remote.write_text(f"profile: canvascraft\nclient: ray\nurl: auto\nray_app: {served.app_name}\n")
