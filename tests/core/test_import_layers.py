@@ -37,15 +37,14 @@ LAYERS = {
     "canvasagent.image_budget": "core",
     "canvasagent.llm_client": "core",
     "canvasagent.formats": "core",
-    "canvasagent.models": "core",
+    "canvasagent.models": "core",  # checkpoint loading and the protocol's special tokens
     "canvasagent.policies": "core",
-    "canvasagent.policies.spec": "apps",
+    "canvasagent.policies.spec": "apps",  # builds any policy from a spec, trained checkpoints included
     "rewards": "middle",
     "canvascraft": "middle",
     "canvascraft.__main__": "apps",  # the CanvasCraft command line
     "canvasagent": "apps",
 }
-
 
 
 def layer_of(module: str) -> str:
