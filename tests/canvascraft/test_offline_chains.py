@@ -24,7 +24,7 @@ from canvascraft.sources import BuiltinSource
 from rewards.hybrid import HybridReward
 from toolserver.validation import Profile
 
-OFFLINE = ChainSet.load(["chains_offline"])
+OFFLINE = ChainSet.load(["chains_offline"]).subset(groups=["offline"])
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +51,9 @@ def _play(task, policy, toolbox, reward):
 
 
 def test_the_offline_group_is_2_to_3_tools_and_off_the_default_mix():
+    # Besides the chains, the file holds single-tool demonstrations (group offline_single, weight 0).
+    singles = [c for c in ChainSet.load(["chains_offline"]) if c.group != "offline"]
+    assert all(c.group == "offline_single" and len(c.tools) == 1 and c.weight == 0 for c in singles)
     assert len(OFFLINE) >= 8 and all(c.group == "offline" and 2 <= len(c.tools) <= 3 for c in OFFLINE)
     default = ChainSet.load(["chains"])
     assert not {c.name for c in default} & {c.name for c in OFFLINE}
