@@ -97,6 +97,10 @@ class GRPOSection:
     # group: standard GRPO (advantages / group std). none: no std scaling (Dr. GRPO), which keeps
     # tiny reward differences (a slightly longer reason) from being blown up to a full ±1 advantage.
     scale_rewards: str = "group"
+    # The tool-collapse warning: at least this share of rollouts call no tool on this many logged
+    # steps in a row (metrics.jsonl marks the step `tool_collapse: 1`; the report lists it).
+    tool_collapse_share: float = 0.9
+    tool_collapse_steps: int = 3
 
 
 @dataclass
@@ -192,6 +196,8 @@ class TrainConfig:
                 )
             if g.max_turns < 1:
                 raise ValueError("grpo.max_turns must be >= 1")
+            if not 0 < g.tool_collapse_share <= 1 or g.tool_collapse_steps < 1:
+                raise ValueError("grpo.tool_collapse_share must be in (0, 1] and grpo.tool_collapse_steps >= 1")
 
     def _validate_easel(self) -> None:
         from canvasagent.easel.semantic import TASK_NAMES

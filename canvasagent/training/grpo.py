@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from canvasagent.training.callbacks import CompleteCheckpoints, RewardCurves, TrajectoryDumper
+from canvasagent.training.callbacks import CompleteCheckpoints, RewardCurves, ToolCollapse, TrajectoryDumper
 from canvasagent.training.common import (
     common_trl_args,
     last_checkpoint,
@@ -100,7 +100,7 @@ def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
         processing_class=processor,
         environment_factory=ws.env_cls,
         peft_config=peft_config(cfg),
-        callbacks=[RewardCurves(ws.output_dir), CompleteCheckpoints(ws.model_path), _return_freed_heap(), *(callbacks or [])],
+        callbacks=[RewardCurves(ws.output_dir, collapse=ToolCollapse(cfg.grpo.tool_collapse_share, cfg.grpo.tool_collapse_steps)), CompleteCheckpoints(ws.model_path), _return_freed_heap(), *(callbacks or [])],
         tool_concurrency=ToolConcurrency.from_tools_config(load_tools_config(cfg)),
         image_budget=cfg.image_budget,
     )

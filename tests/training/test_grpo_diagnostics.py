@@ -40,6 +40,8 @@ def run(tmp_path_factory, tiny_qwen3vl_dir):
         "grpo.num_generations": N_GEN, "grpo.max_turns": 2, "grpo.max_completion_length": 96,
         "grpo.beta": 0.04,  # TRL logs `kl` only with a reference model
         "run.save_steps": 1000, "run.dump_every": 0, "run.logging_steps": 1,
+        # Half the rollouts call no tool: a streak longer than the run never completes.
+        "grpo.tool_collapse_share": 0.5, "grpo.tool_collapse_steps": STEPS + 1,
     })
     scored: list[tuple[list, list[dict]]] = []  # per step: the trajectories and their scores, in completion order
 
@@ -166,6 +168,14 @@ def test_curves_draw_every_diagnostic_panel(run):
     png = Image.open(run.out / "curves.png")
     assert png.height > 3 * 3.3 * 80 * 0.9  # 12 panels in 3 columns: 4 rows
     assert ema([1.0, 0.0, 0.0]) == pytest.approx([1.0, 0.8, 0.64])
+
+
+def test_tool_collapse_rule_comes_from_the_config(run):
+    curves = [cb for cb in run.trainer.callback_handler.callbacks if isinstance(cb, RewardCurves)]
+    assert [(c.collapse.share, c.collapse.steps) for c in curves] == [(0.5, STEPS + 1)]
+    for bad in ({"grpo.tool_collapse_share": 0.0}, {"grpo.tool_collapse_share": 1.5}, {"grpo.tool_collapse_steps": 0}):
+        with pytest.raises(ValueError, match="tool_collapse"):
+            TrainConfig.load("grpo_tiny_cpu", bad)
 
 
 def test_tool_collapse_warns_once_per_streak(tmp_path, caplog):
