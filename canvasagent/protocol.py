@@ -301,7 +301,7 @@ _CHAIN_RULES = {
     ),
 }
 
-# EASEL-Data (issue 8) teaches path coordinates as integers 0-1000; a policy trained on it is told
+# EASEL-Data teaches path coordinates as integers 0-1000; a policy trained on it is told
 # so (`render_system_prompt(..., coords="int1000")`), and its environment rescales them to the
 # registry's [0, 1] before the call is validated (`canvasagent.training.easel_env`,
 # `canvasagent.easel.agent.Int1000Coords`).

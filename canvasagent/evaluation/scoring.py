@@ -1,6 +1,6 @@
 """The bridge from evaluation to the reward package: one call per trajectory, a flat dict back.
 
-Evaluation never computes a reward itself; it asks `rewards` (issue 3) for the hybrid reward and
+Evaluation never computes a reward itself; it asks `rewards` for the hybrid reward and
 its components under a preset and a judge kind, and reads the keys `overall, align, aes, traj,
 rule` (plus any sub-terms, kept for the report).
 """

@@ -83,7 +83,7 @@ def grpo_dataset(cfg: TrainConfig, toolbox_factory: Callable[[], Any]):
     return Dataset.from_list(grpo_rows(cfg, toolbox_factory))
 
 
-# -- CanvasCraft / public formats (issue 4 owns the readers) ---------------------------------------
+# -- CanvasCraft / public formats (readers in canvascraft.formats) ---------------------------------
 
 
 def _canvascraft_rows(cfg: TrainConfig, kind: str, split: str | None = None) -> list[dict[str, Any]]:

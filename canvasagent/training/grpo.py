@@ -79,7 +79,7 @@ def grpo_args(cfg: TrainConfig, reward_weights: list[float], with_deepspeed: boo
 
 
 def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
-    # Not TRL's GRPOTrainer: a sampled vision placeholder token crashes it (issue #5, trl_multimodal).
+    # CanvasGRPOTrainer, not TRL's: it never scores a sampled vision placeholder (see trl_multimodal).
     from canvasagent.training.common import load_tools_config
     from canvasagent.training.trl_multimodal import CanvasGRPOTrainer, ToolConcurrency
 

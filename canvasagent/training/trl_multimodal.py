@@ -1,37 +1,17 @@
 """`CanvasGRPOTrainer`: TRL's GRPOTrainer, made safe for Qwen-VL policies that sample vision tokens.
 
-The bug (issue #5; TRL 1.16.0, transformers 5.24, Qwen3-VL)
-------------------------------------------------------------
-GRPO runs crashed now and then inside Qwen3-VL's ``get_rope_index`` with ``TypeError: 'NoneType'
-object is not an iterator``: either in ``_tool_call_loop`` -> ``generate`` or in the loss forward
-(``_get_per_token_logps_and_entropies``). The cause is not a text-only tool turn (that path is
-grid-aware in 1.16.0: the TRL #6274 slicing bug is fixed there) but a token the *policy sampled*
-(the same failure verl reports for Qwen3-VL GRPO, verl #5817 / #7038):
-
-* Vision placeholders (``<|image_pad|>``, ``<|video_pad|>``, ``<|vision_start|>``...) are ordinary
-  vocabulary entries, so a policy sampling at temperature 1 can emit them; a small or young policy
-  does (the tiny one samples almost uniformly over ~1.8K tokens). TRL's transformers backend
-  suppresses only ``config.image_token_id``; vLLM suppresses nothing.
-* As soon as any tool in the batch returned an image, TRL rebuilds ``mm_token_type_ids`` from token
-  ids over the *whole* sequence (``_generate_single_turn`` with ``has_tool_images`` and
-  ``_generate_and_score_completions``, "For VLM tool images: build token type IDs"): every
-  ``<|video_pad|>`` becomes a video token, sampled ones included. There is no ``video_grid_thw``,
-  so ``get_rope_index`` calls ``next(None)``: in the next tool-loop generation if the rollout called
-  another tool, else in the loss forward. A sampled ``<|image_pad|>`` (possible on vLLM or if
-  ``generation_kwargs`` replaces TRL's ``suppress_tokens``) instead trips the "truncation safety",
-  which silently drops every image of the batch, or the placeholder/feature count check.
-* ``CanvasEnv.image_in_every_observation=True`` puts every tool call on that path, which is why the
-  crash "moved" to the loss forward and came sooner; without tool images the processor's own
-  ``mm_token_type_ids`` (prompt only) were used and a sampled placeholder went unnoticed.
-
-The fix: vision placeholders are input-only tokens, so the policy must never produce one.
-``_generate_single_turn`` is the one place every sampled turn comes from (first turn and each
-post-tool turn), for all backends. The override (1) adds every vision placeholder to the
-``suppress_tokens`` of the transformers backend, merged with TRL's and the user's own, so they are
-not sampled; (2) cuts any turn that still holds one (a backend that ignores ``suppress_tokens``,
-e.g. vLLM) just before it, as if the length limit had hit there: a prefix of a sample is a sample,
-so the kept tokens' log-probs stay valid, and the cut turn makes no tool call. Then image tokens,
-``pixel_values`` and ``image_grid_thw`` always agree and TRL's truncation safety never fires.
+Vision placeholders
+-------------------
+Vision placeholders (``<|image_pad|>``, ``<|video_pad|>``, ``<|vision_start|>``...) are input-only
+tokens: TRL rebuilds the multimodal token types from token ids over the whole sequence once a tool
+returns an image, so a sampled placeholder desynchronises image tokens, ``pixel_values`` and
+``image_grid_thw`` (Qwen3-VL's ``get_rope_index`` then fails, or TRL's truncation safety drops
+every image of the batch). Contract: no completion this trainer scores holds a vision placeholder.
+``_generate_single_turn``, the one place every sampled turn comes from, (1) adds every vision
+placeholder to the transformers backend's ``suppress_tokens`` (merged with TRL's and the user's),
+and (2) cuts a turn that still holds one (a backend that ignores ``suppress_tokens``, e.g. vLLM)
+just before it, as if the length limit had hit there: a prefix of a sample is a sample, so the kept
+tokens' log-probs stay valid, and the cut turn makes no tool call.
 
 Concurrent tool calls
 ---------------------
