@@ -77,8 +77,9 @@ class EvalSection:
 class AblationConfig:
     name: str = "ablation"
     # A configs/pipeline/<name> whose data stage builds the grid's data under <out>/data: every
-    # run trains on it (its data format, paths and tools) and every cell is evaluated on its
-    # held-out split, which replaces `eval.tasks`. None: the train configs' own data.
+    # run trains on it (its data format, paths, tool list and the pipeline's train overrides) and
+    # every cell is evaluated on its held-out split (which replaces `eval.tasks`) with its tools
+    # config. None: the train configs' own data.
     data: str | None = None
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
@@ -224,8 +225,10 @@ class AblationRunner:
             raise AblationError(f"data: pipeline {self.cfg.data!r} must use data: canvascraft (it has {pipe.cfg.data!r})")
         cc = self.out / "data" / "canvascraft"
         common = {"data.format": "canvascraft", "tools.names": pipe.policy_tools()}
-        self._data_cache = {"sft": {**common, "data.path": str(cc / "sft")}, "grpo": {**common, "data.path": str(cc / "rl")},
-                            "eval_tasks": str(cc / "rl"), "tools": ",".join(pipe.policy_tools())}
+        self._data_cache = {"sft": {**common, "data.path": str(cc / "sft"), **pipe.cfg.sft_overrides},
+                            "grpo": {**common, "data.path": str(cc / "rl"), **pipe.cfg.grpo_overrides},
+                            "eval_tasks": str(cc / "rl"), "tools": ",".join(pipe.policy_tools()),
+                            "tools_config": pipe.grpo.tools.config}
         return self._data_cache
 
     def eval_tasks(self) -> str:
@@ -295,7 +298,8 @@ class AblationRunner:
         e = self.cfg.eval
         outcome = self.evaluator(
             self.policy_spec(ckpt), self.eval_tasks(), d / "eval", e.judge, e.preset,
-            EvalConfig(workers=e.workers, max_turns=e.max_turns), e.limit, title=cell.name,
+            EvalConfig(workers=e.workers, max_turns=e.max_turns, **({"tools": self._data()["tools_config"]} if self.cfg.data else {})),
+            e.limit, title=cell.name,
         )
         if not outcome.complete:
             raise AblationError(f"cell {cell.name!r}: evaluation incomplete ({outcome.n_done}/{outcome.n_tasks}); rerun to resume")
