@@ -43,6 +43,26 @@ def _stats(d: list[float]) -> dict[str, float]:
             "wins": sum(x > 1e-9 for x in d), "losses": sum(x < -1e-9 for x in d)}
 
 
+def _by_chain(run: Path, res: dict) -> dict[str, dict[str, float]]:
+    """Greedy and sampled hybrid reward and success after SFT and after GRPO, per held-out chain
+    (tone: explicit or implicit instruction); sums and counts, so seeds pool."""
+    tasks = [json.loads(line) for line in (run / "data" / "eval_tasks.jsonl").read_text().splitlines() if line.strip()]
+    out: dict[str, dict[str, float]] = {}
+    for i, t in enumerate(tasks):
+        meta = t.get("meta", {})
+        key = f"{meta.get('chain') or '+'.join(t['expected_tools'])} ({meta.get('tone', '-')})"
+        acc = out.setdefault(key, {"n": 0})
+        acc["n"] += 1
+        for mode, tkey in (("greedy", "per_task"), ("sampled", "per_task_sampled")):
+            for stage in ("eval_sft", "eval_grpo"):
+                scores = res[stage].get(tkey) or []
+                if i < len(scores):
+                    for k, pk in (("hybrid", "hybrid"), ("success", "align/passed")):
+                        name = f"{mode}_{stage}_{k}"
+                        acc[name] = acc.get(name, 0.0) + scores[i].get(pk, 0.0)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/train_evidence")
@@ -73,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                 d = _paired_diffs(res["eval_sft"][tkey], res["eval_grpo"][tkey], pkey)
                 row[f"{mode}_paired_{key}"] = _stats(d)
                 pooled.setdefault(f"{mode}_{key}", []).extend(d)
+        row["by_chain"] = _by_chain(out / f"seed_{seed}", res)
         rows.append(row)
     pooled_stats = {k: _stats(v) for k, v in pooled.items()}
 
@@ -95,6 +116,20 @@ def main(argv: list[str] | None = None) -> int:
                      f"{'yes' if ps['mean_diff'] > 2 * ps['se'] else 'NO'} (>2 se) |")
         return lines
 
+    chains: dict[str, dict[str, float]] = {}
+    for r in rows:
+        for key, acc in r["by_chain"].items():
+            tot = chains.setdefault(key, {})
+            for k, v in acc.items():
+                tot[k] = tot.get(k, 0.0) + v
+    chain_lines = ["| chain (tone) | tasks x seeds | greedy reward SFT -> GRPO | greedy success SFT -> GRPO | "
+                   "sampled reward SFT -> GRPO | sampled success SFT -> GRPO |", "|---|---|---|---|---|---|"]
+    for key, t in sorted(chains.items()):
+        n = t["n"]
+        cell = lambda mode, k: f"{t.get(f'{mode}_eval_sft_{k}', 0) / n:.3f} -> {t.get(f'{mode}_eval_grpo_{k}', 0) / n:.3f}"
+        chain_lines.append(f"| {key} | {int(n)} | {cell('greedy', 'hybrid')} | {cell('greedy', 'success')} | "
+                           f"{cell('sampled', 'hybrid')} | {cell('sampled', 'success')} |")
+
     targets = {}
     for mode in ("greedy", "sampled"):
         for k in ("hybrid", "success"):
@@ -111,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         "share of assistant turns without a protocol finding. Base = the untrained model on the first n_eval_base tasks.", "",
         "Greedy decoding:", "", *table("greedy"), "",
         "Sampling at the GRPO temperature (mean of the sampled episodes per task):", "", *table("sampled"), "",
+        "Per held-out chain, pooled over the seeds:", "", *chain_lines, "",
         "Targets: " + "; ".join(f"{k}: **{'met' if v else 'NOT met'}**" for k, v in targets.items()) + ".",
         f"Wall time: {summary['wall_s']} s.", ""])
     (out / "train_evidence.md").write_text(md)
