@@ -7,10 +7,10 @@
 A subprocess bounds a stage's memory by the stage alone: whatever it loaded (tool backends,
 torch, TRL state) and whatever the allocator kept of what it freed goes back to the system when
 the process exits, so one stage's leftovers never add to the next one's peak. The stage must then
-be picklable (a module-level function, or a method of a picklable object) and so must its
-arguments and its return value; the subprocess imports the same packages as this process (this
-checkout first on its path), inherits the environment, the working directory and stdout/stderr,
-and logs at this process's root log level. An exception in the subprocess is raised here as a
+be picklable (a module-level function, the main script's included, or a method of a picklable
+object) and so must its arguments and its return value; the subprocess imports the same
+packages as this process (this checkout first on its path), inherits the environment, the
+working directory and stdout/stderr, and logs at this process's root log level. An exception in the subprocess is raised here as a
 `StageFailed` carrying the subprocess's traceback; an interrupt here terminates the subprocess.
 
 `PeakRSS` samples the resident memory of this process plus all its descendants (a stage's
@@ -161,8 +161,11 @@ def _child_env() -> dict[str, str]:
 
 def _run_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
     name = getattr(fn, "__qualname__", repr(fn))
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None) if getattr(fn, "__module__", None) == "__main__" else None
     try:
-        payload = pickle.dumps((fn, args, kwargs, logging.getLogger().getEffectiveLevel()))
+        # Two layers: the child loads the parent's main script before unpickling the stage.
+        payload = pickle.dumps((main_file, pickle.dumps((fn, args, kwargs, logging.getLogger().getEffectiveLevel()))))
     except Exception as e:
         raise TypeError(f"run_stage(isolate=True) needs a picklable stage and arguments; {name}: {e}") from e
     with tempfile.TemporaryDirectory(prefix="stage_") as tmp:
@@ -187,8 +190,25 @@ def _run_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -
     raise StageFailed(f"stage {name} failed in its subprocess: {value}", tb)
 
 
+def _load_main(path: str) -> None:
+    """Import the parent's main script (a stage defined there) under another name, so its
+    `if __name__ == "__main__"` block does not run, and let pickle find it as `__main__`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("__stage_main__", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(Path(path).resolve().parent))  # as Python does for a script
+    sys.modules["__stage_main__"] = module
+    spec.loader.exec_module(module)
+    sys.modules["__main__"] = module
+
+
 def _child_main(job: str, result: str) -> int:
-    fn, args, kwargs, level = pickle.loads(Path(job).read_bytes())
+    main_file, inner = pickle.loads(Path(job).read_bytes())
+    if main_file:
+        _load_main(main_file)
+    fn, args, kwargs, level = pickle.loads(inner)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         out: tuple = ("ok", fn(*args, **kwargs), "")

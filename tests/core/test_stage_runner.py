@@ -59,3 +59,25 @@ def test_peak_rss_sees_a_short_lived_allocation():
     # The peak stays whatever the allocator does with the freed block afterwards (returned to the
     # system alone; kept in a long-lived process such as the test suite).
     assert peaks["peak_rss_mb"] >= rss_mb()["rss"] - 5
+
+
+SCRIPT = """
+from canvasagent.stage_runner import run_stage
+
+def stage(x):
+    return {"twice": 2 * x}
+
+if __name__ == "__main__":
+    print(run_stage(stage, 21, isolate=True).value["twice"])
+"""
+
+
+def test_a_stage_defined_in_the_main_script_runs_isolated(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "42"  # printed once: the child did not rerun the script's main block
