@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from toolserver.config import ToolsConfig
-
-from toolserver.client import make_toolbox
 from toolserver.backends import build_backend
 from toolserver.backends._base import _SHARED
+from toolserver.client import make_toolbox
+from toolserver.config import ToolsConfig
 from toolserver.request import ToolRequest
 
 
