@@ -75,4 +75,5 @@ def test_pipeline_scripted_only_runs(tmp_path):
     assert main(_tiny_argv(out) + ["--data", "scripted"]) == 0
     metrics = json.loads((out / "report" / "metrics.json").read_text())["metrics"]
     # One source: no per-source rows.
-    assert {"before SFT (base)", "after SFT", "after GRPO", "after SFT [sampled]", "after GRPO [sampled]"} == set(metrics)
+    assert {"before SFT (base)", "after SFT", "after GRPO", "before SFT (base) [sampled]", "after SFT [sampled]",
+            "after GRPO [sampled]"} == set(metrics)
