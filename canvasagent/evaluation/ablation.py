@@ -298,7 +298,10 @@ class AblationRunner:
         e = self.cfg.eval
         outcome = self.evaluator(
             self.policy_spec(ckpt), self.eval_tasks(), d / "eval", e.judge, e.preset,
-            EvalConfig(workers=e.workers, max_turns=e.max_turns, **({"tools": self._data()["tools_config"]} if self.cfg.data else {})),
+            # A checkpoint trained in the training layout is evaluated as its rollouts ran: a reply
+            # without a tool call ends the episode, as it ends a GRPO rollout.
+            EvalConfig(workers=e.workers, max_turns=e.max_turns, end_without_call=e.policy_options.get("layout") == "train",
+                       **({"tools": self._data()["tools_config"]} if self.cfg.data else {})),
             e.limit, title=cell.name,
         )
         if not outcome.complete:

@@ -153,6 +153,7 @@ def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid
     }))
     g = yaml.safe_load(grid.read_text())
     g["data"] = str(pipe)
+    g["eval"]["policy_options"]["layout"] = "train"
     g["cells"] = g["cells"][:3]
     path = tmp_path / "grid_data.yaml"
     path.write_text(yaml.safe_dump(g))
@@ -162,6 +163,7 @@ def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid
     def evaluate(policy, tasks, out, judge, preset, config, limit, title=""):
         seen.append(tasks)
         assert config.tools == "offline_testbed"  # the pipeline's GRPO tools config
+        assert config.end_without_call is True  # the training layout: a reply without a call ends the episode
         return fake_evaluator(evals)(policy, tasks, out, judge, preset, config, limit, title)
 
     out_dir = tmp_path / "abl"
