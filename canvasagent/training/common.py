@@ -87,7 +87,7 @@ def workspace(cfg: TrainConfig, build_model: bool = True) -> Workspace:
         env_cls=env_cls,
         # In the order GRPO's prompt lists them: TRL collects an environment's tools with
         # inspect.getmembers, i.e. sorted by name, and SFT's system text must be the same bytes.
-        tool_fns=sorted(tool_functions(cfg.tools.names or None, cfg.tools.family), key=lambda f: f.__name__),
+        tool_fns=tool_functions(cfg.tools.names or None, cfg.tools.family),
         toolbox_factory=factory,
     )
 

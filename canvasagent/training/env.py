@@ -78,14 +78,16 @@ def tool_specs(names: list[str] | tuple[str, ...] | None, family: str = "canvasa
 
 
 def tool_functions(names: list[str] | tuple[str, ...] | None, family: str = "canvasagent") -> list[Callable]:
-    """Plain functions with the env methods' schemas (for rendering the tool block without an env)."""
+    """Plain functions with the env methods' schemas (for rendering the tool block without an env),
+    sorted by name: the order TRL lists an environment's tools in, so SFT rows, GRPO rollouts and
+    every evaluation of a checkpoint render the same tool block."""
     fns = []
     for spec in tool_specs(names, family):
         m = _tool_method(spec)
         sig = inspect.signature(m)
         m.__signature__ = sig.replace(parameters=list(sig.parameters.values())[1:])  # drop self
         fns.append(m)
-    return fns
+    return sorted(fns, key=lambda f: f.__name__)
 
 
 def task_from_row(row: dict[str, Any]) -> Task:

@@ -151,3 +151,12 @@ def test_env_final_reply_terminates(tasks):
 
 def test_every_registry_tool_is_known():
     assert set(SCRIPTED_TOOLS) <= set(REGISTRY)
+
+
+def test_tool_block_order_is_the_same_whatever_order_the_tools_are_named_in(processor):
+    """TRL lists env tools sorted by name; a checkpoint evaluated with `hf:...&tools=` in registry
+    order (as the ablation grid names them) must see the tool block it was trained with."""
+    names = ["Overlayer", "Crop", "OCR", "Rotate", "Flip"]
+    fns = tool_functions(names)
+    assert [f.__name__ for f in fns] == sorted(names)
+    assert system_text(processor, fns) == system_text(processor, tool_functions(sorted(names, reverse=True)))
