@@ -29,6 +29,8 @@ for _k, _v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS
 
 STAGES = ("eval_base", "eval_sft", "eval_grpo")
 KEYS = ("format_validity", "rule", "hybrid", "success")
+# Paired per task: name -> the per-task score (success: the share of episodes that passed every check).
+PAIRED = {"hybrid": "hybrid", "success": "align/passed"}
 
 
 def _paired_diffs(sft: list[dict], grpo: list[dict], key: str) -> list[float]:
@@ -57,7 +59,7 @@ def _by_chain(run: Path, res: dict) -> dict[str, dict[str, float]]:
             for stage in ("eval_sft", "eval_grpo"):
                 scores = res[stage].get(tkey) or []
                 if i < len(scores):
-                    for k, pk in (("hybrid", "hybrid"), ("success", "align/passed")):
+                    for k, pk in PAIRED.items():
                         name = f"{mode}_{stage}_{k}"
                         acc[name] = acc.get(name, 0.0) + scores[i].get(pk, 0.0)
     return out
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                 m = res[stage].get(mkey) or {}
                 for k in KEYS:
                     row[f"{mode}_{stage}_{k}"] = m.get(k, float("nan"))
-            for key, pkey in (("hybrid", "hybrid"), ("success", "align/passed")):
+            for key, pkey in PAIRED.items():
                 d = _paired_diffs(res["eval_sft"][tkey], res["eval_grpo"][tkey], pkey)
                 row[f"{mode}_paired_{key}"] = _stats(d)
                 pooled.setdefault(f"{mode}_{key}", []).extend(d)

@@ -220,14 +220,15 @@ class AblationRunner:
         from canvasagent.pipeline import Pipeline, PipelineConfig
 
         pipe = Pipeline(PipelineConfig.load(self.cfg.data, out=str(self.out)))
-        pipe.run(only=["data"])
-        if "canvascraft" not in pipe.cfg.sources or pipe.cfg.data != "canvascraft":
+        if pipe.cfg.data != "canvascraft":  # refused before anything is built
             raise AblationError(f"data: pipeline {self.cfg.data!r} must use data: canvascraft (it has {pipe.cfg.data!r})")
+        pipe.run(only=["data"])
         cc = self.out / "data" / "canvascraft"
-        common = {"data.format": "canvascraft", "tools.names": pipe.policy_tools()}
+        tools = pipe.policy_tools()
+        common = {"data.format": "canvascraft", "tools.names": tools}
         self._data_cache = {"sft": {**common, "data.path": str(cc / "sft"), **pipe.cfg.sft_overrides},
                             "grpo": {**common, "data.path": str(cc / "rl"), **pipe.cfg.grpo_overrides},
-                            "eval_tasks": str(cc / "rl"), "tools": ",".join(pipe.policy_tools()),
+                            "eval_tasks": str(cc / "rl"), "tools": ",".join(tools),
                             "tools_config": pipe.grpo.tools.config}
         return self._data_cache
 
