@@ -92,6 +92,33 @@ class TinyQwen3VLSpec:
             raise ValueError("min_pixels must not exceed max_pixels")
 
 
+# Named sizes for ``model.tiny_size``. Every size shares the tokenizer (it does not read the model
+# sizes), so a dataset tokenized for one size stays valid for another. "xs" (~0.4M parameters) is
+# the CPU default; "s" (~1.6M: 4 layers, hidden 128) is for the GRPO testbed, where the
+# instructions vary and the chains are longer.
+TINY_SIZES: dict[str, dict] = {
+    "xs": {},
+    "s": {
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "mrope_section": (8, 4, 4),
+        "vision_hidden_size": 64,
+        "vision_intermediate_size": 128,
+    },
+}
+
+
+def tiny_spec(size: str = "xs") -> TinyQwen3VLSpec:
+    """The spec of a named tiny size; refuses an unknown name with the known ones."""
+    if size not in TINY_SIZES:
+        raise ValueError(f"unknown tiny model size {size!r}; known: {sorted(TINY_SIZES)}")
+    return TinyQwen3VLSpec(**TINY_SIZES[size])
+
+
 # --------------------------------------------------------------------------------------------
 # Tokenizer
 # --------------------------------------------------------------------------------------------

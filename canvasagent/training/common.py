@@ -7,7 +7,7 @@ import logging
 import re
 import shutil
 import zipfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,15 +38,27 @@ def tiny_model_dir(cfg: TrainConfig) -> Path:
     return output_dir(cfg) / "tiny_base"
 
 
+def _tiny_model_matches(out: Path, cfg: TrainConfig) -> bool:
+    """Whether ``out`` holds the tiny model of this config's seed and size (a changed size rebuilds)."""
+    from canvasagent.models.tiny import tiny_spec
+
+    marker = out / "canvasagent_tiny.json"
+    if not marker.exists():
+        return False
+    built = json.loads(marker.read_text(encoding="utf-8"))
+    want = json.loads(json.dumps(asdict(tiny_spec(cfg.model.tiny_size))))
+    return built.get("seed") == cfg.model.tiny_seed and built.get("spec") == want
+
+
 def resolve_model_path(cfg: TrainConfig, build: bool = True) -> str:
     """Where the starting weights are: init_from (GRPO after SFT), a hub id/dir, or the tiny model."""
     ref = cfg.run.init_from if cfg.kind == "grpo" and cfg.run.init_from else cfg.model.name_or_path
     if ref == TINY:
         out = tiny_model_dir(cfg)
-        if build and not (out / "canvasagent_tiny.json").exists():
-            from canvasagent.models import build_tiny_qwen3vl
+        if build and not _tiny_model_matches(out, cfg):
+            from canvasagent.models.tiny import build_tiny_qwen3vl, tiny_spec
 
-            build_tiny_qwen3vl(out, seed=cfg.model.tiny_seed)
+            build_tiny_qwen3vl(out, seed=cfg.model.tiny_seed, spec=tiny_spec(cfg.model.tiny_size))
         return str(out)
     p = cfg.resolve(ref)
     return str(p) if p is not None and p.exists() else ref

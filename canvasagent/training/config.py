@@ -26,6 +26,7 @@ class ModelSection:
     name_or_path: str = TINY  # hub id, local dir, or "tiny"
     dtype: str = "float32"  # bf16 on GPUs; float32 on CPU
     tiny_seed: int = 0  # weight seed when name_or_path == "tiny"
+    tiny_size: str = "xs"  # a size in canvasagent.models.tiny.TINY_SIZES when name_or_path == "tiny"
     attn_implementation: str | None = None  # e.g. flash_attention_2 on GPUs
 
 
@@ -171,6 +172,10 @@ class TrainConfig:
         if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json", "mixed", "easel", "easel-data"):
             raise ValueError(f"unknown data.format {self.data.format!r}")
         check_budget(self.image_budget)
+        from canvasagent.models.tiny import TINY_SIZES
+
+        if self.model.tiny_size not in TINY_SIZES:
+            raise ValueError(f"model.tiny_size {self.model.tiny_size!r} unknown; known: {sorted(TINY_SIZES)}")
         if self.image_budget is not None and self.data.format in ("easel", "easel-data"):
             raise ValueError("image_budget applies to the CanvasAgent layout; EASEL rows keep their own (set it to null)")
         if self.easel.coords not in ("unit", "int1000"):
