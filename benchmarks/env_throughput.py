@@ -14,9 +14,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from canvasagent.episode import Episode, EpisodeConfig  # noqa: E402
-from canvasagent.protocol import format_reply  # noqa: E402
-from canvasagent.tasks import Task  # noqa: E402
+from canvasagent.core.episode import Episode, EpisodeConfig  # noqa: E402
+from canvasagent.core.protocol import format_reply  # noqa: E402
+from canvasagent.core.tasks import Task  # noqa: E402
 from toolserver.toolbox import LocalToolbox  # noqa: E402
 from toolserver.validation import Profile  # noqa: E402
 

@@ -42,14 +42,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from PIL import Image
 
-from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.core.episode import EpisodeConfig, run_episode
 from canvasagent.evaluation.tasks_io import TaskLoadError, task_from_record
-from canvasagent.formats.sharegpt import FormatError, read_record, to_record
-from canvasagent.imageio import ImageLoadError
-from canvasagent.policies import ReplayPolicy
+from canvasagent.core.formats.sharegpt import FormatError, read_record, to_record
+from canvasagent.core.imageio import ImageLoadError
+from canvasagent.core.policies import ReplayPolicy
 from canvasagent.replay import from_public, from_trajectory, replay
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory, TrajectoryLoadError
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory, TrajectoryLoadError
 from rewards.config import RewardConfig
 from rewards.hybrid import HybridReward
 from rewards.rule import score_rule

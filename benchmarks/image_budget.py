@@ -5,7 +5,7 @@ Flip, Crop of the whole frame, four times over, each on the previous output, so 
 is 512x512) executed with the real offline toolbox through the episode runner. The final turn's
 prompt (system with the tool block, the user turn, 12 assistant calls and 12 tool observations)
 is rendered in the training layout with the tiny offline Qwen3-VL's processor, under K=all and
-K=2 (`canvasagent.image_budget`). The tiny checkpoint is built here with its image resize bound
+K=2 (`canvasagent.core.image_budget`). The tiny checkpoint is built here with its image resize bound
 raised to 512x512 so each image costs what it costs Qwen3-VL (16 px patches, 2x2 merge: 256
 tokens); the stock tiny model caps images at 128x128.
 
@@ -65,10 +65,10 @@ def worker(model_dir: str, budget: int | None, turns: int, size: int) -> dict:
     from PIL import Image
 
     from toolserver.client import make_toolbox
-    from canvasagent.episode import Episode, EpisodeConfig
-    from canvasagent.image_budget import apply_image_budget, count_images
-    from canvasagent.models import load_policy, load_processor
-    from canvasagent.tasks import Task
+    from canvasagent.core.episode import Episode, EpisodeConfig
+    from canvasagent.core.image_budget import apply_image_budget, count_images
+    from canvasagent.core.models import load_policy, load_processor
+    from canvasagent.core.tasks import Task
     from canvasagent.training.env import tool_functions
     from canvasagent.training.messages import policy_messages, system_text
 
@@ -117,7 +117,7 @@ def main() -> None:
         print(json.dumps(worker(model_dir, None if b == "all" else int(b), args.turns, args.size)))
         return
 
-    from canvasagent.models.tiny import TinyQwen3VLSpec, build_tiny_qwen3vl
+    from canvasagent.core.models.tiny import TinyQwen3VLSpec, build_tiny_qwen3vl
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_qwen3vl(Path(tmp) / "tiny", spec=TinyQwen3VLSpec(max_pixels=args.size * args.size))

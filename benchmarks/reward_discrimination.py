@@ -108,8 +108,8 @@ def run_all(n: int, work: Path, chains: str = "single", only: tuple[str, ...] = 
     from toolserver.client import make_toolbox
     from canvasagent.easel.agent import NoToolbox, charge_refused, outcome_scores
     from canvasagent.easel.canvas import CanvasSession
-    from canvasagent.episode import EpisodeConfig, run_episode
-    from canvasagent.policies.scripted import scripted_policy
+    from canvasagent.core.episode import EpisodeConfig, run_episode
+    from canvasagent.core.policies.scripted import scripted_policy
 
     toolbox = make_toolbox("offline")
     runs: list[dict[str, Any]] = []
@@ -166,7 +166,7 @@ def _final_image(traj: Any) -> Any:
 def coincides(run: dict[str, Any], oracle: dict[str, Any]) -> bool:
     """The policy's result is the oracle's: the same final image, pixel for pixel (always-Flip on
     a task that asks for a flip). Such a pair is a correct answer, not a wrong one."""
-    from canvasagent.imageio import images_match
+    from canvasagent.core.imageio import images_match
 
     if run["source"] == "easel":
         e, o = run["traj"].meta.get("easel") or {}, oracle["traj"].meta.get("easel") or {}

@@ -22,10 +22,10 @@ import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from toolserver.client import make_toolbox  # noqa: E402
-from canvasagent.episode import EpisodeConfig, run_episode  # noqa: E402
-from canvasagent.policies.replay import ReplayPolicy  # noqa: E402
-from canvasagent.protocol import format_reply  # noqa: E402
-from canvasagent.tasks import Task  # noqa: E402
+from canvasagent.core.episode import EpisodeConfig, run_episode  # noqa: E402
+from canvasagent.core.policies.replay import ReplayPolicy  # noqa: E402
+from canvasagent.core.protocol import format_reply  # noqa: E402
+from canvasagent.core.tasks import Task  # noqa: E402
 from rewards.config import RewardConfig  # noqa: E402
 from rewards.hybrid import HybridReward  # noqa: E402
 from rewards.rule import score_rule  # noqa: E402

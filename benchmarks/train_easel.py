@@ -51,8 +51,8 @@ class OneSource:
 
 def evaluate(ckpt: str, cfg: Any, out: Path, max_new_tokens: int) -> dict[str, Any]:
     from canvasagent.easel import agent, metrics
-    from canvasagent.policies.hf_local import HFGenerationConfig, HFLocalPolicy
-    from canvasagent.protocol import parse_reply
+    from canvasagent.core.policies.hf_local import HFGenerationConfig, HFLocalPolicy
+    from canvasagent.core.protocol import parse_reply
     from canvasagent.training import easel_env
     from canvasagent.training.common import workspace
     from canvasagent.training.messages import LayoutPolicy, system_text

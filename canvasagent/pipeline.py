@@ -215,7 +215,7 @@ class Pipeline:
 
     def _evaluate(self, model_dir: Path, name: str, limit: int | None = None, sampled: bool = True) -> dict[str, Any]:
         """All held-out tasks in one run; metrics overall and per source."""
-        from canvasagent.models import load_policy, load_processor
+        from canvasagent.core.models import load_policy, load_processor
         from canvasagent.training.common import workspace
         from canvasagent.training.evaluate import evaluate_model
         from canvasagent.training.rewarding import make_scorer

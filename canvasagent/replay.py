@@ -13,13 +13,13 @@ from typing import Any
 
 from PIL import Image
 
-from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.formats.sharegpt import PublicTrajectory
-from canvasagent.imageio import images_equal
-from canvasagent.policies import ReplayPolicy
-from canvasagent.protocol import parse_reply
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory, save_image, write_json_atomic
+from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.formats.sharegpt import PublicTrajectory
+from canvasagent.core.imageio import images_equal
+from canvasagent.core.policies import ReplayPolicy
+from canvasagent.core.protocol import parse_reply
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory, save_image, write_json_atomic
 from toolserver.registry import REGISTRY, Backend
 from toolserver.toolbox import LocalToolbox, RecordedOutput
 

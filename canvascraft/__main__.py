@@ -74,7 +74,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _detect(path: Path) -> str:
-    from canvasagent.formats.sharegpt import is_sharegpt, iter_records
+    from canvasagent.core.formats.sharegpt import is_sharegpt, iter_records
 
     first = next(iter_records(path), None)
     if first is None:

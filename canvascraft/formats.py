@@ -43,9 +43,9 @@ from typing import Any
 
 import datasets
 
-from canvasagent.formats.sharegpt import iter_records, normalize_messages, to_record
-from canvasagent.imageio import open_image, resolve_path, to_png_bytes
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.formats.sharegpt import iter_records, normalize_messages, to_record
+from canvasagent.core.imageio import open_image, resolve_path, to_png_bytes
+from canvasagent.core.trajectory import Trajectory
 
 _IMG = datasets.Image()
 _STR = datasets.Value("string")

@@ -16,10 +16,10 @@ import json
 import random
 from typing import Any
 
-from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.imageio import images_match
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.imageio import images_match
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory
 from canvascraft.chains import Chain, chain_name, default_needs
 from canvascraft.formats import dump_checks, png
 from canvascraft.plan import Plan, make_plan
@@ -318,7 +318,7 @@ def _reference_passes(traj: Trajectory, check: dict[str, Any], toolbox: Any) -> 
 
 def task_of(row: dict[str, Any]) -> Task:
     """A runnable `Task` from an RL row (images as cells with PNG bytes)."""
-    from canvasagent.imageio import open_image
+    from canvasagent.core.imageio import open_image
 
     return Task(
         instruction=row["prompt"],

@@ -17,12 +17,12 @@ from typing import Any, Callable
 
 from PIL import Image
 
-from canvasagent.episode import Episode, EpisodeConfig, run_episode
-from canvasagent.imageio import images_equal
-from canvasagent.policies import ScriptedPolicy
-from canvasagent.protocol import format_reply
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory, Turn
+from canvasagent.core.episode import Episode, EpisodeConfig, run_episode
+from canvasagent.core.imageio import images_equal
+from canvasagent.core.policies import ScriptedPolicy
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory, Turn
 from canvascraft.chains import Chain
 from canvascraft.plan import Plan, Step, correctable_rotations, make_plan
 from canvascraft.sources import ImageSource, SourceImage

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from PIL import Image, ImageDraw, ImageFont
 
-from canvasagent.imageio import open_image
+from canvasagent.core.imageio import open_image
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import httpx
 
 from toolserver.config import find_config, load_yaml
-from canvasagent.llm_client import ChatClient, ChatEndpoint, EndpointError
+from canvasagent.core.llm_client import ChatClient, ChatEndpoint, EndpointError
 from canvascraft.plan import Plan, Step
 
 log = logging.getLogger(__name__)

@@ -53,9 +53,9 @@ import numpy as np
 from PIL import Image
 from skimage.metrics import structural_similarity
 
-from canvasagent.assets import Asset, AssetStore
-from canvasagent.imageio import ImageLoadError, images_match, resolve_path, rgb_float
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.assets import Asset, AssetStore
+from canvasagent.core.imageio import ImageLoadError, images_match, resolve_path, rgb_float
+from canvasagent.core.trajectory import Trajectory
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult

@@ -33,7 +33,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.trajectory import Trajectory
 from rewards.config import RewardConfig, load_reward_config
 from rewards.judges import COMPONENT_OF, CachedJudge, JudgeResult, TrajectoryView, make_judge
 from rewards.rule import RuleBreakdown, score_rule

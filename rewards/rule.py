@@ -29,9 +29,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from canvasagent.assets import AssetStore
-from canvasagent.protocol import FormatCheck, ToolCall, parse_reply
-from canvasagent.trajectory import Trajectory, Turn
+from canvasagent.core.assets import AssetStore
+from canvasagent.core.protocol import FormatCheck, ToolCall, parse_reply
+from canvasagent.core.trajectory import Trajectory, Turn
 from rewards.config import RuleConfig
 from toolserver.registry import REGISTRY, OutputKind
 from toolserver.validation import CallCheck, Profile, validate_call

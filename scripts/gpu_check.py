@@ -87,7 +87,7 @@ def dry_run() -> dict[str, Any]:
         Qwen3VLForConditionalGeneration,
     )
 
-    from canvasagent.models.tiny import TinyQwen3VLSpec, build_tiny_tokenizer
+    from canvasagent.core.models.tiny import TinyQwen3VLSpec, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer(TinyQwen3VLSpec())
     cfg = policy_config(tok)
@@ -105,7 +105,7 @@ def build_policy_dir(out: Path) -> Path:
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    from canvasagent.models import build_tiny_qwen3vl, load_processor
+    from canvasagent.core.models import build_tiny_qwen3vl, load_processor
 
     build_tiny_qwen3vl(out)  # tokenizer, processor, chat template (its small weights are replaced below)
     tok = load_processor(str(out)).tokenizer

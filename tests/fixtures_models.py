@@ -24,7 +24,7 @@ _MARKER = "canvasagent_tiny.json"  # written last by the builder: its presence m
 
 def get_tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, *, seed: int = TINY_SEED) -> Path:
     """Build (once per session and seed) the tiny Qwen3-VL checkpoint and return its directory."""
-    from canvasagent.models.tiny import build_tiny_qwen3vl
+    from canvasagent.core.models.tiny import build_tiny_qwen3vl
 
     out = tmp_path_factory.getbasetemp() / f"tiny_qwen3vl_seed{seed}"
     if not (out / _MARKER).exists():

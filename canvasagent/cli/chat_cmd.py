@@ -50,11 +50,11 @@ def run_paint(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.easel:
         return run_paint(args)
-    from canvasagent.episode import EpisodeConfig
+    from canvasagent.core.episode import EpisodeConfig
     from canvasagent.interactive.session import Session
     from canvasagent.interactive.terminal import TerminalChat
-    from canvasagent.policies.spec import PolicySpecError, build_policy
-    from canvasagent.tasks import Task
+    from canvasagent.policy_spec import PolicySpecError, build_policy
+    from canvasagent.core.tasks import Task
     from toolserver.client import make_toolbox
 
     images = parse_image_args(args.image)

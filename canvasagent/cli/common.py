@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from canvasagent.imageio import load_image
+from canvasagent.core.imageio import load_image
 
 _IMG_ARG = re.compile(r"^img_(\d+)=(.+)$")
 

@@ -33,10 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from canvasagent.episode import run_episode
-    from canvasagent.policies import ReplayPolicy
-    from canvasagent.protocol import format_reply
-    from canvasagent.tasks import Task
+    from canvasagent.core.episode import run_episode
+    from canvasagent.core.policies import ReplayPolicy
+    from canvasagent.core.protocol import format_reply
+    from canvasagent.core.tasks import Task
     from toolserver.client import make_toolbox
 
     console = Console()

@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from canvasagent.evaluation.runner import EvalConfig
     from canvasagent.evaluation.scoring import ScorerUnavailable
     from canvasagent.evaluation.tasks_io import TaskLoadError
-    from canvasagent.policies.guards import GuardConfig
-    from canvasagent.policies.spec import PolicySpecError
+    from canvasagent.core.policies.guards import GuardConfig
+    from canvasagent.policy_spec import PolicySpecError
 
     console = Console(stderr=True)
     cfg = EvalConfig(

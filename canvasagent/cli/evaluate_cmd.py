@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from canvasagent.evaluation.agent import build_agent
-    from canvasagent.policies.spec import PolicySpecError
+    from canvasagent.policy_spec import PolicySpecError
 
     out = args.out or f"runs/evaluate-{time.strftime('%Y%m%d-%H%M%S')}"
     try:

@@ -10,10 +10,10 @@ from pathlib import Path
 from canvasagent.cli.common import add_tools_config_arg, parse_image_args
 from toolserver.config import ToolsConfig
 from toolserver.client import make_toolbox
-from canvasagent.formats.sharegpt import FormatError, is_sharegpt, iter_records, read_record
-from canvasagent.imageio import ImageLoadError
+from canvasagent.core.formats.sharegpt import FormatError, is_sharegpt, iter_records, read_record
+from canvasagent.core.imageio import ImageLoadError
 from canvasagent.replay import from_public, from_trajectory, replay, write_report
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.trajectory import Trajectory
 
 
 def register(sub: argparse._SubParsersAction) -> None:

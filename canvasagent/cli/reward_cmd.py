@@ -72,7 +72,7 @@ def _print_table(flat: dict[str, float], title: str) -> None:
 
 
 def _single(args: argparse.Namespace) -> int:
-    from canvasagent.trajectory import Trajectory
+    from canvasagent.core.trajectory import Trajectory
 
     try:
         traj = Trajectory.load(args.traj)
@@ -126,7 +126,7 @@ def write_batch(rows: list[tuple[str, dict[str, float]]], out: Path, title: str 
 
 
 def _batch(args: argparse.Namespace) -> int:
-    from canvasagent.trajectory import Trajectory
+    from canvasagent.core.trajectory import Trajectory
 
     root = Path(args.batch)
     paths = sorted(root.rglob("trajectory.json"))

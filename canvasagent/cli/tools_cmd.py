@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from canvasagent.cli.common import add_tools_config_arg, parse_image_args
-from canvasagent.imageio import ImageLoadError
-from canvasagent.tasks import Task
+from canvasagent.core.imageio import ImageLoadError
+from canvasagent.core.tasks import Task
 from toolserver.client import make_toolbox
 from toolserver.config import ToolsConfig
 
@@ -45,7 +45,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    from canvasagent.episode import Episode, EpisodeConfig
+    from canvasagent.core.episode import Episode, EpisodeConfig
 
     try:
         call_args = json.loads(args.args)

@@ -1,12 +1,12 @@
 """EASEL tasks played by a CanvasAgent policy through the core episode runner.
 
 ``canvasagent easel bench --policy agent:SPEC`` lands here. SPEC is any policy
-spec of :mod:`canvasagent.policies.spec` (``hf:PATH``, ``openai:MODEL@URL``,
+spec of :mod:`canvasagent.policy_spec` (``hf:PATH``, ``openai:MODEL@URL``,
 ``replay:PATH``, ``scripted:NAME``, ``human``) or an EASEL scripted policy
 ``easel:NAME`` (``random``, ``heuristic`` from :mod:`canvasagent.easel.heuristics`,
 or ``blank`` = submit at once), which emits the same plans as tool calls.
 
-Each task becomes a :class:`canvasagent.tasks.Task` of family ``easel``:
+Each task becomes a :class:`canvasagent.core.tasks.Task` of family ``easel``:
 
 * reconstruction: ``img_1`` is the reference, ``img_2`` the blank canvas;
 * semantic: ``img_1`` is the task image (the canvas, e.g. the maze).
@@ -34,9 +34,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.protocol import format_reply, parse_reply
-from canvasagent.tasks import Task
+from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.protocol import format_reply, parse_reply
+from canvasagent.core.tasks import Task
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
 
@@ -57,7 +57,7 @@ class AgentConfig:
     # "int1000": a policy trained on EASEL-Data writes path coordinates as integers
     # 0-1000; they are rescaled to [0, 1] before the runner validates the call
     coords: str = "unit"
-    # The image-context budget (canvasagent.image_budget), the setting GRPO trains under
+    # The image-context budget (canvasagent.core.image_budget), the setting GRPO trains under
     # (TrainConfig.image_budget, same default): the policy sees the last N canvas images of the
     # tool replies, older ones as text; the opening reference/canvas always stay. None: all.
     image_budget: int | None = None
@@ -164,7 +164,7 @@ class AgentPolicySource:
             if name not in EASEL_SCRIPTS:
                 raise ValueError(f"unknown EASEL scripted policy {name!r}; choose from {EASEL_SCRIPTS}")
         else:
-            from canvasagent.policies.spec import PolicyFactory
+            from canvasagent.policy_spec import PolicyFactory
             self._factory = PolicyFactory(spec)
 
     @property

@@ -17,7 +17,7 @@ Curricula (paper Sec. 4):
 * C2 (light completion): the whole trajectory at decreasing density,
   ``t_k = floor(N * (k / K) ** c2_power)`` for k = 0..K-1 (unique).
 
-Records use the repo's shared message layout (``canvasagent.formats.sharegpt``):
+Records use the repo's shared message layout (``canvasagent.core.formats.sharegpt``):
 ``{"messages": [...], "images": [ref.png, canvas.png], ...metadata}``, with
 ``<image>`` placeholders in the user turn. Output: ``c1.jsonl``, ``c2.jsonl``
 (+ ``.parquet`` through HF ``datasets``), PNGs under ``images/``.

@@ -12,7 +12,7 @@ from canvasagent.evaluation.report import write_report
 from canvasagent.evaluation.runner import EvalConfig, EvalRunner, Progress, Scorer
 from canvasagent.evaluation.scoring import make_scorer
 from canvasagent.evaluation.tasks_io import load_tasks
-from canvasagent.policies.spec import PolicyFactory
+from canvasagent.policy_spec import PolicyFactory
 
 log = logging.getLogger(__name__)
 

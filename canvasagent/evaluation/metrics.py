@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.trajectory import Trajectory
 
 # (key in a task's scores, column header) in the paper's column order.
 PAPER_METRICS: tuple[tuple[str, str], ...] = (

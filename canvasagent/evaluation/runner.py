@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.core.episode import EpisodeConfig, run_episode
 from canvasagent.evaluation.metrics import TaskResult, merge_samples, task_result
-from canvasagent.policies.guards import GuardConfig, GuardedPolicy
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.policies.guards import GuardConfig, GuardedPolicy
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory
 from toolserver.client import make_toolbox
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class EvalConfig:
     tools_in_system_prompt: bool = True
     # The training layout: a reply without a tool call ends the episode, as it ends a GRPO rollout.
     end_without_call: bool = False
-    # The image-context budget (canvasagent.image_budget): the policy sees the last N tool images,
+    # The image-context budget (canvasagent.core.image_budget): the policy sees the last N tool images,
     # older ones as their asset-ID text; None: every image. Match the checkpoint's training setting.
     image_budget: int | None = None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from typing import Any
 
 from typing import Iterable
 
-from canvasagent.imageio import ImageLoadError, open_image, resolve_path
-from canvasagent.tasks import Task
-from canvasagent.trajectory import safe_file_name, save_image
+from canvasagent.core.imageio import ImageLoadError, open_image, resolve_path
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import safe_file_name, save_image
 
 log = logging.getLogger(__name__)
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from canvasagent.episode import Episode, EpisodeConfig, StepResult, observation_message
-from canvasagent.policies.human import human_reply
-from canvasagent.protocol import ParsedReply, echo_plain, format_reply, parse_reply
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory, Turn
+from canvasagent.core.episode import Episode, EpisodeConfig, StepResult, observation_message
+from canvasagent.core.policies.human import human_reply
+from canvasagent.core.protocol import ParsedReply, echo_plain, format_reply, parse_reply
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory, Turn
 from toolserver.toolbox import Toolbox
 from toolserver.validation import validate_call
 

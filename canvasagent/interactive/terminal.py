@@ -6,11 +6,11 @@ import builtins
 import json
 from typing import Callable
 
-from canvasagent.episode import StepResult
+from canvasagent.core.episode import StepResult
 from canvasagent.interactive.session import Proposal, Session, parse_edit
-from canvasagent.policies.human import HELP, human_reply
-from canvasagent.protocol import format_reply
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.policies.human import HELP, human_reply
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.trajectory import Trajectory
 
 CHOICES = "[a]pprove  [e]dit  [r]eject  [t]ake over  [q]uit"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ def tiny_model_dir(cfg: TrainConfig) -> Path:
 
 def _tiny_model_matches(out: Path, cfg: TrainConfig) -> bool:
     """Whether ``out`` holds the tiny model of this config's seed and size (a changed size rebuilds)."""
-    from canvasagent.models.tiny import tiny_spec
+    from canvasagent.core.models.tiny import tiny_spec
 
     marker = out / "canvasagent_tiny.json"
     if not marker.exists():
@@ -56,7 +56,7 @@ def resolve_model_path(cfg: TrainConfig, build: bool = True) -> str:
     if ref == TINY:
         out = tiny_model_dir(cfg)
         if build and not _tiny_model_matches(out, cfg):
-            from canvasagent.models.tiny import build_tiny_qwen3vl, tiny_spec
+            from canvasagent.core.models.tiny import build_tiny_qwen3vl, tiny_spec
 
             build_tiny_qwen3vl(out, seed=cfg.model.tiny_seed, spec=tiny_spec(cfg.model.tiny_size))
         return str(out)
@@ -105,7 +105,7 @@ def workspace(cfg: TrainConfig, build_model: bool = True) -> Workspace:
 
 
 def load_model_and_processor(ws: Workspace, padding_side: str | None = None):
-    from canvasagent.models import ensure_token_capacity, load_policy, load_processor
+    from canvasagent.core.models import ensure_token_capacity, load_policy, load_processor
 
     kwargs = {"padding_side": padding_side} if padding_side else {}
     processor = load_processor(ws.model_path, **kwargs)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from canvasagent.image_budget import check_budget
+from canvasagent.core.image_budget import check_budget
 from toolserver.config import REPO_ROOT, find_config, from_dict, load_yaml
 
 TINY = "tiny"  # model.name_or_path value meaning "build the tiny offline Qwen3-VL under the run dir"
@@ -26,7 +26,7 @@ class ModelSection:
     name_or_path: str = TINY  # hub id, local dir, or "tiny"
     dtype: str = "float32"  # bf16 on GPUs; float32 on CPU
     tiny_seed: int = 0  # weight seed when name_or_path == "tiny"
-    tiny_size: str = "xs"  # a size in canvasagent.models.tiny.TINY_SIZES when name_or_path == "tiny"
+    tiny_size: str = "xs"  # a size in canvasagent.core.models.tiny.TINY_SIZES when name_or_path == "tiny"
     attn_implementation: str | None = None  # e.g. flash_attention_2 on GPUs
 
 
@@ -152,7 +152,7 @@ class TrainConfig:
     easel: EaselSection = field(default_factory=EaselSection)
     run: RunSection = field(default_factory=RunSection)
     max_length: int | None = None  # SFT truncation (None: never truncate; a cut image breaks the sample)
-    # The image-context budget (canvasagent.image_budget): SFT rows, GRPO rollouts and the held-out
+    # The image-context budget (canvasagent.core.image_budget): SFT rows, GRPO rollouts and the held-out
     # evaluation show the last N tool images, older ones as their asset-ID text. None: every image.
     image_budget: int | None = None
     trl_args: dict[str, Any] = field(default_factory=dict)  # any other SFTConfig/GRPOConfig field
@@ -172,7 +172,7 @@ class TrainConfig:
         if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json", "mixed", "easel", "easel-data"):
             raise ValueError(f"unknown data.format {self.data.format!r}")
         check_budget(self.image_budget)
-        from canvasagent.models.tiny import TINY_SIZES
+        from canvasagent.core.models.tiny import TINY_SIZES
 
         if self.model.tiny_size not in TINY_SIZES:
             raise ValueError(f"model.tiny_size {self.model.tiny_size!r} unknown; known: {sorted(TINY_SIZES)}")

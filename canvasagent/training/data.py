@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from canvasagent.image_budget import apply_image_budget
-from canvasagent.tasks import Task
+from canvasagent.core.image_budget import apply_image_budget
+from canvasagent.core.tasks import Task
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.messages import grpo_row, sft_example
 
@@ -119,8 +119,8 @@ def _canvascraft_sft_rows(cfg: TrainConfig, system: str) -> list[dict[str, Any]]
 
 def sharegpt_example(row: dict[str, Any], system: str, image_budget: int | None = None) -> dict[str, Any]:
     """A public ShareGPT row (`<image>` placeholders in string contents) in our layout, under
-    `image_budget` (`canvasagent.image_budget`; None: every image)."""
-    from canvasagent.imageio import open_image
+    `image_budget` (`canvasagent.core.image_budget`; None: every image)."""
+    from canvasagent.core.imageio import open_image
     from canvasagent.training.messages import assistant_message
 
     roles = {"human": "user", "gpt": "assistant", "observation": "tool", "function": "tool", "function_call": "assistant"}

@@ -88,7 +88,7 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
 
             mc = AutoConfig.from_pretrained(ref)
             report["model"] = {"ref": ref, "model_type": mc.model_type}
-            from canvasagent.models import load_processor
+            from canvasagent.core.models import load_processor
             from canvasagent.training.messages import system_text
 
             proc = load_processor(ref)

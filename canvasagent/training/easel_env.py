@@ -39,8 +39,8 @@ from typing import Any
 
 from PIL import Image
 
-from canvasagent.episode import Episode
-from canvasagent.protocol import render_system_prompt
+from canvasagent.core.episode import Episode
+from canvasagent.core.protocol import render_system_prompt
 from canvasagent.training.env import CanvasEnv, make_env_class, task_from_row
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def budget_of(spec: dict[str, Any], task: Any) -> int:
 
 
 def agent_task_of(spec: dict[str, Any]):
-    """The episode's `canvasagent.tasks.Task`, as the bench's agent runner builds it."""
+    """The episode's `canvasagent.core.tasks.Task`, as the bench's agent runner builds it."""
     from canvasagent.easel import agent
 
     task = easel_task(spec)
@@ -183,7 +183,7 @@ def sft_example(record: dict[str, Any], root: Any, system: str, strokes: Any, en
 def _in_coords(reply: str, have: str, want: str) -> str:
     """An EASEL-Data reply with its path coordinates in the policy's convention."""
     from canvasagent.easel import data
-    from canvasagent.protocol import format_reply, parse_reply
+    from canvasagent.core.protocol import format_reply, parse_reply
 
     if have == want:
         return reply

@@ -1,4 +1,4 @@
-"""TRL `environment_factory` adapter: a thin shell over `canvasagent.episode.Episode`.
+"""TRL `environment_factory` adapter: a thin shell over `canvasagent.core.episode.Episode`.
 
 TRL makes one instance per rollout and calls `reset(**row)` before each episode; every public
 method is a tool whose schema TRL derives from the signature and Google docstring. We generate
@@ -18,10 +18,10 @@ from typing import Any, Callable, Literal
 
 from PIL import Image
 
-from canvasagent.episode import Episode, EpisodeConfig
-from canvasagent.protocol import parse_reply
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.episode import Episode, EpisodeConfig
+from canvasagent.core.protocol import parse_reply
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory
 from canvasagent.training.messages import reply_text
 from toolserver.registry import ArgSpec, ToolSpec, get_tool, tools
 

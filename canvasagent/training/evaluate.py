@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from canvasagent.evaluation.metrics import TaskResult, policy_metrics
-from canvasagent.policies.guards import GuardConfig
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.policies.guards import GuardConfig
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory
 from canvasagent.training.messages import LayoutPolicy, system_text
 from canvasagent.training.rewarding import HybridScorer
 
@@ -87,10 +87,10 @@ def evaluate_model(
 ) -> EvalResult:
     """Greedy by default; with `temperature > 0`, `samples` episodes per task (scores averaged per
     task). Trajectories and per-task results go under `out_dir`; a rerun resumes there.
-    `image_budget`: the training setting (`canvasagent.image_budget`), so the policy sees the
+    `image_budget`: the training setting (`canvasagent.core.image_budget`), so the policy sees the
     context it was trained on."""
     from canvasagent.evaluation.runner import EvalConfig, EvalRunner
-    from canvasagent.policies.hf_local import HFGenerationConfig, HFLocalPolicy
+    from canvasagent.core.policies.hf_local import HFGenerationConfig, HFLocalPolicy
 
     inner = HFLocalPolicy(str(model_dir), HFGenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature),
                           model=model, processor=processor)

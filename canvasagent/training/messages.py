@@ -1,11 +1,11 @@
 """The ONE message layout that SFT, GRPO and model evaluation render.
 
     system   : our system prompt (no tool list) + the chat template's tool block
-    user     : "img_1:" <image> ... instruction          (as `canvasagent.episode.user_message`)
+    user     : "img_1:" <image> ... instruction          (as `canvasagent.core.episode.user_message`)
     assistant: "<reason>…</reason>" + tool_calls=[{name, arguments}]   or   "<reason>…</reason><Terminate>"
     tool     : [<image>] + observation text ending in the imglist echo
 
-Under an image budget (`canvasagent.image_budget`, the `image_budget` setting) a tool image older
+Under an image budget (`canvasagent.core.image_budget`, the `image_budget` setting) a tool image older
 than the last K becomes its asset-ID text in place; SFT rows, GRPO rollouts and evaluation apply
 the same function to the same conversation.
 
@@ -22,10 +22,10 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from canvasagent.image_budget import apply_image_budget
-from canvasagent.protocol import parse_reply, render_system_prompt
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.image_budget import apply_image_budget
+from canvasagent.core.protocol import parse_reply, render_system_prompt
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory
 
 Message = dict[str, Any]
 

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from canvasagent.tasks import Task
+from canvasagent.core.tasks import Task
 from canvasagent.training.config import EASEL_COMPONENTS
 from canvasagent.training.env import CanvasEnv, trajectory_of
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

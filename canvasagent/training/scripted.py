@@ -15,11 +15,11 @@ from typing import Any, Callable
 
 from PIL import Image
 
-from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.policies import ReplayPolicy
-from canvasagent.protocol import TERMINATE, format_reply
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.policies import ReplayPolicy
+from canvasagent.core.protocol import TERMINATE, format_reply
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory
 
 _PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "hubble_deep_field", "camera", "coins")
 _REGIONS = {
@@ -142,7 +142,7 @@ def run_reference(
 
 def reference_image(task: Task, toolbox: Any) -> Image.Image | None:
     """Execute the task's reference calls on its inputs through the episode runner."""
-    from canvasagent.episode import Episode
+    from canvasagent.core.episode import Episode
 
     calls = task.meta.get("reference_calls") or []
     ep = Episode(toolbox, EpisodeConfig(max_turns=len(calls) + 1))

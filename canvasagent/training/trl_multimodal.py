@@ -27,7 +27,7 @@ config). Standalone ``tools=`` functions (shared, maybe not thread-safe) run as 
 
 Image-context budget
 --------------------
-With ``image_budget`` K (``canvasagent.image_budget``), a rollout's conversation is kept, after every
+With ``image_budget`` K (``canvasagent.core.image_budget``), a rollout's conversation is kept, after every
 tool turn, as ``apply_image_budget`` renders it: the tool images older than the last K become their
 asset-ID text. TRL builds each turn's input by appending the new tool turn's tokens
 (``_get_tool_suffix_ids``) to the rollout's ids, so the override of that method (1) applies the
@@ -57,7 +57,7 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from canvasagent.image_budget import apply_image_budget, check_budget
+from canvasagent.core.image_budget import apply_image_budget, check_budget
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,14 @@ from typing import Any
 
 from PIL import Image
 
-from canvasagent.episode import EpisodeConfig, StepResult
-from canvasagent.imageio import load_image
+from canvasagent.core.episode import EpisodeConfig, StepResult
+from canvasagent.core.imageio import load_image
 from canvasagent.interactive.session import Proposal, Session, parse_edit
-from canvasagent.policies.guards import GuardConfig, GuardedPolicy
-from canvasagent.policies.human import human_reply
-from canvasagent.policies.spec import build_policy
-from canvasagent.protocol import format_reply
-from canvasagent.tasks import Task
+from canvasagent.core.policies.guards import GuardConfig, GuardedPolicy
+from canvasagent.core.policies.human import human_reply
+from canvasagent.policy_spec import build_policy
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.tasks import Task
 from toolserver.client import make_toolbox
 
 log = logging.getLogger(__name__)

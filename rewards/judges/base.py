@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from PIL import Image
 
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

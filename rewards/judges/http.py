@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 from PIL import Image
 
-from canvasagent.llm_client import ChatClient, ChatEndpoint, EndpointError
-from canvasagent.llm_client import image_data_url as _data_url
+from canvasagent.core.llm_client import ChatClient, ChatEndpoint, EndpointError
+from canvasagent.core.llm_client import image_data_url as _data_url
 from rewards.config import HttpJudgeConfig
 from rewards.judges import prompts
 from rewards.judges.base import JudgeResult, TrajectoryView, parse_score

@@ -1,6 +1,6 @@
 """A judge run in-process by a Qwen-VL-family checkpoint through transformers.
 
-The model and processor come from the shared loaders (`canvasagent.models.load_policy` /
+The model and processor come from the shared loaders (`canvasagent.core.models.load_policy` /
 `load_processor`), so any checkpoint the policy code can load — the tiny offline Qwen3-VL, a
 released Qwen3-VL, a fine-tuned judge — works here. Two scoring modes:
 
@@ -50,7 +50,7 @@ class LocalVLMJudge:
             self._load_error = "no judges.local.model configured"
             return False
         try:
-            from canvasagent.models import load_policy, load_processor
+            from canvasagent.core.models import load_policy, load_processor
 
             self._processor = load_processor(self.cfg.model)
             self._model = load_policy(self.cfg.model, dtype=self.cfg.dtype).to(self.cfg.device).eval()

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from toolserver.client import make_toolbox
-from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.imageio import open_image
-from canvasagent.policies import ReplayPolicy
+from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.imageio import open_image
+from canvasagent.core.policies import ReplayPolicy
 from canvasagent.replay import from_trajectory, replay
-from canvasagent.tasks import Task
+from canvasagent.core.tasks import Task
 from canvascraft import formats
 from canvascraft.build import BuildInterrupted, load_build_config, run_build, shard_files
 from canvascraft.chains import Chain, ChainSet, default_inputs
@@ -345,8 +345,8 @@ def test_rl_reference_images_for_deterministic_chains(tmp_path):
     run_build("rl", _cfg("rl", n=4, eval_n=0, chains=[str(p)], length={"easy": 1}), out, progress=False)
     rows = formats.read_rows(shard_files(out))
     assert rows and all(r["reference_image"] is not None for r in rows)
-    from canvasagent.assets import AssetStore, Provenance
-    from canvasagent.trajectory import Trajectory
+    from canvasagent.core.assets import AssetStore, Provenance
+    from canvasagent.core.trajectory import Trajectory
     from rewards.checks import CheckContext, run_checks
 
     for r in rows:
@@ -369,7 +369,7 @@ def test_public_formats_round_trip_losslessly(sft_build, rl_build, tmp_path):
     path = formats.write_sharegpt(sft, tmp_path / "sg")
     assert formats.read_sharegpt(path) == sft
     # The lead's public reader parses our records too (placeholders match images).
-    from canvasagent.formats.sharegpt import iter_records, read_record
+    from canvasagent.core.formats.sharegpt import iter_records, read_record
 
     for rec in iter_records(path):
         read_record(rec, base_dir=path.parent)

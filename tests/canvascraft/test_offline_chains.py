@@ -12,9 +12,9 @@ import random
 import pytest
 
 from toolserver.client import make_toolbox
-from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.core.episode import EpisodeConfig, run_episode
 from canvasagent.evaluation.metrics import task_result
-from canvasagent.policies.scripted import scripted_policy
+from canvasagent.core.policies.scripted import scripted_policy
 from canvascraft import formats
 from canvascraft.build import load_build_config, run_build, shard_files
 from canvascraft.chains import ChainSet

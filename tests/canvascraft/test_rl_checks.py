@@ -8,9 +8,9 @@ import json
 import pytest
 
 from toolserver.client import make_toolbox
-from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.core.episode import EpisodeConfig, run_episode
 from canvasagent.evaluation.metrics import task_result
-from canvasagent.policies.scripted import scripted_policy
+from canvasagent.core.policies.scripted import scripted_policy
 from canvascraft import formats
 from canvascraft.build import load_build_config, run_build, shard_files
 from canvascraft.rl import task_of
@@ -72,7 +72,7 @@ def test_exact_targets_and_ocr_answers(offline_rl):
 
 
 def test_public_rl_records_cannot_read_outside_their_folder(tmp_path):
-    from canvasagent.imageio import ImageLoadError
+    from canvasagent.core.imageio import ImageLoadError
 
     (tmp_path / "secret.png").write_bytes(b"not for you")
     split = tmp_path / "split"

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from canvasagent.episode import Episode, EpisodeConfig, run_episode
-from canvasagent.imageio import ImageLoadError, load_image, open_image
-from canvasagent.policies import ReplayPolicy, ScriptedPolicy
-from canvasagent.tasks import Task
+from canvasagent.core.episode import Episode, EpisodeConfig, run_episode
+from canvasagent.core.imageio import ImageLoadError, load_image, open_image
+from canvasagent.core.policies import ReplayPolicy, ScriptedPolicy
+from canvasagent.core.tasks import Task
 from toolserver.toolbox import LocalToolbox
 
 

@@ -77,8 +77,8 @@ def test_third_party_info_is_quiet_by_default(capsys, caplog):
     capsys.readouterr()
     with caplog.at_level(logging.INFO):  # the root at INFO, as the CLI sets it
         logging.getLogger("httpx").info('HTTP Request: POST http://127.0.0.1:8000/v1/tools/Crop "HTTP/1.1 200 OK"')
-        logging.getLogger("canvasagent.episode").info("ours")
-    assert [r.name for r in caplog.records] == ["canvasagent.episode"]
+        logging.getLogger("canvasagent.core.episode").info("ours")
+    assert [r.name for r in caplog.records] == ["canvasagent.core.episode"]
     assert all(logging.getLogger(n).level == logging.WARNING for n in THIRD_PARTY_LOGGERS)
 
 

@@ -6,10 +6,10 @@ import pytest
 from PIL import Image
 
 from toolserver.client import make_toolbox
-from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.policies.replay import ReplayPolicy
-from canvasagent.protocol import format_reply
-from canvasagent.tasks import Task
+from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.policies.replay import ReplayPolicy
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.tasks import Task
 
 FLIP = format_reply("Mirror it.", {"name": "Flip", "arguments": {"image": "img_1"}})
 

@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from canvasagent.episode import Episode, EpisodeConfig
-from canvasagent.protocol import FindingCode, format_reply, parse_reply
-from canvasagent.tasks import Task
+from canvasagent.core.episode import Episode, EpisodeConfig
+from canvasagent.core.protocol import FindingCode, format_reply, parse_reply
+from canvasagent.core.tasks import Task
 from toolserver.registry import REGISTRY
 from toolserver.toolbox import LocalToolbox
 from toolserver.validation import Profile, validate_call
@@ -75,7 +75,7 @@ def test_well_formed_replies_round_trip(reason, call, terminate):
 
 class _Assets:
     def __init__(self):
-        from canvasagent.assets import AssetStore
+        from canvasagent.core.assets import AssetStore
 
         self.store = AssetStore()
         self.store.add_input(Image.new("RGB", (8, 6)))

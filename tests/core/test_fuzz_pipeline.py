@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.core.episode import EpisodeConfig, run_episode
 from canvasagent.evaluation.tasks_io import TaskLoadError, task_from_record
-from canvasagent.formats.sharegpt import FormatError, read_record, to_record
-from canvasagent.imageio import ImageLoadError
-from canvasagent.policies import ReplayPolicy
-from canvasagent.protocol import format_reply
+from canvasagent.core.formats.sharegpt import FormatError, read_record, to_record
+from canvasagent.core.imageio import ImageLoadError
+from canvasagent.core.policies import ReplayPolicy
+from canvasagent.core.protocol import format_reply
 from canvasagent.replay import from_public, from_trajectory, replay
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory, TrajectoryLoadError
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory, TrajectoryLoadError
 from rewards import HybridReward, score_rule
 from toolserver.registry import REGISTRY, Backend
 from toolserver.toolbox import LocalToolbox

@@ -7,13 +7,13 @@ import pytest
 from PIL import Image
 
 from canvasagent.cli import main
-from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.core.episode import EpisodeConfig, run_episode
 from canvasagent.evaluation.tasks_io import TaskLoadError, load_tasks
-from canvasagent.formats.sharegpt import read_record
-from canvasagent.imageio import ImageLoadError
-from canvasagent.policies import ReplayPolicy
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory, TrajectoryLoadError, json_bytes
+from canvasagent.core.formats.sharegpt import read_record
+from canvasagent.core.imageio import ImageLoadError
+from canvasagent.core.policies import ReplayPolicy
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory, TrajectoryLoadError, json_bytes
 from rewards import HybridReward, score_rule
 from tests.core.conftest import gradient
 from toolserver.toolbox import LocalToolbox
@@ -203,7 +203,7 @@ def test_inputs_png_cannot_hold_round_trip_through_save(tmp_path):
 
 def test_hostile_ids_never_become_paths_out_of_the_folder(tmp_path):
     from canvasagent.evaluation.tasks_io import write_tasks
-    from canvasagent.formats.sharegpt import to_record
+    from canvasagent.core.formats.sharegpt import to_record
 
     traj = run_episode(ReplayPolicy([]), Task("x", [gradient(4, 4)], id="../../evil/x"), LocalToolbox(), EpisodeConfig(max_turns=1))
     rec = to_record(traj, tmp_path / "pub" / "images", image_prefix="images")

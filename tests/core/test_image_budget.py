@@ -1,4 +1,4 @@
-"""The image-context budget rule (canvasagent.image_budget) on its own: counts, asset IDs, K=all."""
+"""The image-context budget rule (canvasagent.core.image_budget) on its own: counts, asset IDs, K=all."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from canvasagent.image_budget import apply_image_budget, check_budget, count_images, observation_asset_id, omitted_text
-from canvasagent.protocol import echo_plain, echo_saved
+from canvasagent.core.image_budget import apply_image_budget, check_budget, count_images, observation_asset_id, omitted_text
+from canvasagent.core.protocol import echo_plain, echo_saved
 
 
 def _img(k: int) -> Image.Image:

@@ -6,7 +6,7 @@ collects every import of a project module, at module level or inside a function,
 packages are not edges. The layers, bottom first (`LAYERS`, longest prefix wins):
 
     toolbox   toolserver
-    core      the loop's core modules of canvasagent
+    core      canvasagent.core, the loop's core
     middle    rewards, canvascraft
     apps      the rest of canvasagent (training, evaluation, easel, ui, cli, pipeline, ...)
 
@@ -28,18 +28,7 @@ ORDER = ("toolbox", "core", "middle", "apps")
 # Module-name prefix -> layer; the longest matching prefix decides.
 LAYERS = {
     "toolserver": "toolbox",
-    "canvasagent.protocol": "core",
-    "canvasagent.assets": "core",
-    "canvasagent.tasks": "core",
-    "canvasagent.trajectory": "core",
-    "canvasagent.episode": "core",
-    "canvasagent.imageio": "core",
-    "canvasagent.image_budget": "core",
-    "canvasagent.llm_client": "core",
-    "canvasagent.formats": "core",
-    "canvasagent.models": "core",  # checkpoint loading and the protocol's special tokens
-    "canvasagent.policies": "core",
-    "canvasagent.policies.spec": "apps",  # builds any policy from a spec, trained checkpoints included
+    "canvasagent.core": "core",
     "rewards": "middle",
     "canvascraft": "middle",
     "canvascraft.__main__": "apps",  # the CanvasCraft command line

@@ -1,6 +1,6 @@
 """`<Terminate>` is a tag of the reply, not text inside a call's JSON."""
 
-from canvasagent.protocol import format_reply, parse_reply
+from canvasagent.core.protocol import format_reply, parse_reply
 
 
 def test_terminate_inside_a_call_is_data():

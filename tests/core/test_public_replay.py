@@ -11,7 +11,7 @@ from PIL import Image
 
 from canvasagent.cli import main
 from toolserver.client import make_toolbox
-from canvasagent.formats.sharegpt import iter_records, read_record
+from canvasagent.core.formats.sharegpt import iter_records, read_record
 from canvasagent.replay import from_public, replay
 from tests.core.conftest import gradient
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from canvasagent.episode import Episode, EpisodeConfig
-from canvasagent.tasks import Task
+from canvasagent.core.episode import Episode, EpisodeConfig
+from canvasagent.core.tasks import Task
 from tests.core.conftest import gradient
 from toolserver.fonts import dejavu_sans
 from toolserver.validation import Profile

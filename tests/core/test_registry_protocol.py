@@ -6,11 +6,11 @@ import numpy as np
 from PIL import Image
 
 from canvasagent.cli import main
-from canvasagent.episode import run_episode
-from canvasagent.policies import ReplayPolicy
-from canvasagent.protocol import render_system_prompt
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.episode import run_episode
+from canvasagent.core.policies import ReplayPolicy
+from canvasagent.core.protocol import render_system_prompt
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory
 from toolserver.registry import REGISTRY, Backend, OutputKind, openai_schemas, tool_names
 from toolserver.toolbox import LocalToolbox
 

@@ -8,10 +8,10 @@ from PIL import Image
 from toolserver.config import ToolsConfig
 
 from toolserver.client import make_toolbox
-from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.policies.replay import ReplayPolicy
-from canvasagent.protocol import format_reply
-from canvasagent.tasks import Task
+from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.policies.replay import ReplayPolicy
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.tasks import Task
 
 
 def _config(tmp_path, limits: str):

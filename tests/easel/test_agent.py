@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from canvasagent.easel import agent, render, tasks
-from canvasagent.protocol import format_reply
+from canvasagent.core.protocol import format_reply
 from tests.fixtures_models import tiny_qwen3vl_dir  # noqa: F401  (session fixture)
 
 
@@ -45,7 +45,7 @@ def test_replay_policy_budget_and_undo(tmp_path):
     call = {"name": "brush_stroke", "arguments": {k: 0.5 for k in
                                                   ("xs", "ys", "xc", "yc", "xe", "ye", "rs", "os", "re", "oe",
                                                    "cr", "cg", "cb")}}
-    from canvasagent.protocol import format_reply
+    from canvasagent.core.protocol import format_reply
     replies = [format_reply("paint", call), format_reply("undo", {"name": "undo", "arguments": {}}),
                format_reply("paint", call), format_reply("again", call)]
     (tmp_path / "r.json").write_text(json.dumps(replies))
@@ -66,8 +66,8 @@ def test_semantic_tasks_through_the_runner(tmp_path):
 
 
 def test_int1000_adapter_rescales_coordinates():
-    from canvasagent.policies.replay import ScriptedPolicy
-    from canvasagent.protocol import format_reply, parse_reply
+    from canvasagent.core.policies.replay import ScriptedPolicy
+    from canvasagent.core.protocol import format_reply, parse_reply
     args = {"xs": 100, "ys": 500, "xc": 500, "yc": 500, "xe": 900, "ye": 500, "rs": 0.2}
     inner = ScriptedPolicy(lambda m, e: format_reply("r", {"name": "brush_stroke", "arguments": args}))
     out = parse_reply(agent.Int1000Coords(inner).act([], None)).call.arguments

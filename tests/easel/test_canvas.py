@@ -89,7 +89,7 @@ def test_strokes_the_schema_refuses_use_up_the_budget_the_prompt_states(tmp_path
     import json
 
     from canvasagent.easel import agent
-    from canvasagent.protocol import format_reply
+    from canvasagent.core.protocol import format_reply
     from toolserver.registry import REGISTRY
 
     # The schema leaves the path's units to the prompt, which states them (unit here).

@@ -6,7 +6,7 @@ import pytest
 from PIL import Image
 
 from canvasagent.evaluation.tasks_io import write_tasks
-from canvasagent.tasks import Task
+from canvasagent.core.tasks import Task
 from tests.fixtures_models import tiny_qwen3vl_dir  # noqa: F401  (session fixture)
 
 

@@ -318,7 +318,7 @@ def test_evaluate_cli_as_the_readme_writes_it(tmp_path, capsys):
 
 
 def test_ea_cot_records_render_and_train_with_the_sft_command(tmp_path, tiny_qwen3vl_dir):
-    from canvasagent.models.loading import load_processor
+    from canvasagent.core.models.loading import load_processor
     from canvasagent.train import main as train_main
 
     agent = build_agent("Flip", tmp_path / "ea")

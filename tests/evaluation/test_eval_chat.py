@@ -7,14 +7,14 @@ import json
 import pytest
 from PIL import Image
 
-from canvasagent.assets import UnknownAssetError
+from canvasagent.core.assets import UnknownAssetError
 from canvasagent.cli import main as cli_main
 from toolserver.client import make_toolbox
 from canvasagent.interactive.session import Session
-from canvasagent.policies.replay import ReplayPolicy
-from canvasagent.protocol import format_reply
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.policies.replay import ReplayPolicy
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory
 
 FLIP = format_reply("mirror", {"name": "Flip", "arguments": {"image": "img_1"}})
 CROP = format_reply("crop", {"name": "Crop", "arguments": {"image": "Flip_0", "bbox": [0, 0, 2000, -5]}})

@@ -9,13 +9,13 @@ import pytest
 from PIL import Image
 
 from toolserver.client import make_toolbox
-from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.policies.guards import GuardConfig, GuardedPolicy
-from canvasagent.policies.openai_compat import EndpointError, OpenAICompatConfig, OpenAICompatPolicy, to_openai_messages
-from canvasagent.policies.spec import PolicyFactory, PolicySpecError, ReplaySource, parse_policy_spec
-from canvasagent.protocol import format_reply
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.policies.guards import GuardConfig, GuardedPolicy
+from canvasagent.core.policies.openai_compat import EndpointError, OpenAICompatConfig, OpenAICompatPolicy, to_openai_messages
+from canvasagent.policy_spec import PolicyFactory, PolicySpecError, ReplaySource, parse_policy_spec
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory
 from tests.stub_openai import StubOpenAI, chat_payload, free_port, replies
 
 FLIP = format_reply("mirror", {"name": "Flip", "arguments": {"image": "img_1"}})

@@ -11,9 +11,9 @@ from canvasagent.evaluation import api as eval_api
 from canvasagent.evaluation.metrics import summarize
 from canvasagent.evaluation.runner import EvalConfig, EvalRunner
 from canvasagent.evaluation.tasks_io import TaskLoadError, load_tasks
-from canvasagent.policies.guards import GuardConfig
-from canvasagent.policies.spec import PolicyFactory
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.policies.guards import GuardConfig
+from canvasagent.policy_spec import PolicyFactory
+from canvasagent.core.trajectory import Trajectory
 from tests.evaluation.conftest import fake_score
 
 
@@ -163,7 +163,7 @@ def test_reference_images_survive_the_split_round_trip(tmp_path):
     from PIL import Image
 
     from canvasagent.evaluation.tasks_io import write_tasks
-    from canvasagent.tasks import Task
+    from canvasagent.core.tasks import Task
 
     ref = Image.new("RGB", (8, 4), "red")
     write_tasks([Task("x", [Image.new("RGB", (8, 4))], id="a", checks=[{"type": "reference_similarity", "image_index": 0}], meta={"reference_images": [ref]})], tmp_path)
@@ -215,7 +215,7 @@ def test_runner_seeded_sampling_repeats_and_merges_episodes(tiny_qwen3vl_dir, ev
     the same seed gives the same episodes, and a task's result sums its episodes."""
     from toolserver.client import make_toolbox
     from canvasagent.evaluation.metrics import policy_metrics
-    from canvasagent.policies.hf_local import HFGenerationConfig, HFLocalPolicy
+    from canvasagent.core.policies.hf_local import HFGenerationConfig, HFLocalPolicy
 
     tasks = load_tasks(eval_split)[:2]
     policy = HFLocalPolicy(str(tiny_qwen3vl_dir), HFGenerationConfig(max_new_tokens=12, temperature=1.0))

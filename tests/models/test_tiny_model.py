@@ -10,15 +10,15 @@ import pytest
 import torch
 from PIL import Image
 
-from canvasagent.models import (
+from canvasagent.core.models import (
     PROTOCOL_TOKENS,
     ModelUnavailableError,
     build_tiny_qwen3vl,
     load_policy,
     load_processor,
 )
-from canvasagent.models.special_tokens import QWEN_SPECIAL_TOKENS
-from canvasagent.models.tiny import qwen3_vl_chat_template
+from canvasagent.core.models.special_tokens import QWEN_SPECIAL_TOKENS
+from canvasagent.core.models.tiny import qwen3_vl_chat_template
 from tests.fixtures_models import tiny_qwen3vl_dir  # noqa: F401  (fixture)
 
 
@@ -187,8 +187,8 @@ def test_protocol_tokens_added_to_foreign_tokenizer(tiny_qwen3vl_dir):  # noqa: 
     """A checkpoint whose tokenizer lacks our markers (like real Qwen3-VL) gets them on load."""
     from transformers import AutoTokenizer, Qwen2Tokenizer
 
-    from canvasagent.models import add_protocol_tokens, ensure_token_capacity
-    from canvasagent.models.special_tokens import missing_protocol_tokens
+    from canvasagent.core.models import add_protocol_tokens, ensure_token_capacity
+    from canvasagent.core.models.special_tokens import missing_protocol_tokens
 
     assert missing_protocol_tokens(AutoTokenizer.from_pretrained(tiny_qwen3vl_dir)) == []
     # A minimal tokenizer without the protocol tokens stands in for a foreign checkpoint.
@@ -220,7 +220,7 @@ def test_tokenizer_compresses_protocol_text(processor):
     from tokenizers import Regex, pre_tokenizers
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    from canvasagent.protocol import render_system_prompt
+    from canvasagent.core.protocol import render_system_prompt
 
     split = pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated")
     for include_tools in (False, True):
@@ -275,7 +275,7 @@ def test_importing_special_tokens_is_cheap():
     import sys
 
     code = (
-        "import sys; import canvasagent.models.special_tokens, canvasagent.models; "
+        "import sys; import canvasagent.core.models.special_tokens, canvasagent.core.models; "
         "print('transformers' in sys.modules or 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

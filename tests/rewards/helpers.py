@@ -14,10 +14,10 @@ import numpy as np
 from PIL import Image
 
 from toolserver.client import make_toolbox
-from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.policies.replay import ReplayPolicy
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.policies.replay import ReplayPolicy
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory
 from toolserver.toolbox import RecordedOutput
 
 

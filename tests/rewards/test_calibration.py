@@ -11,7 +11,7 @@ from PIL import Image
 from skimage import data
 
 from canvasagent.evaluation.metrics import policy_metrics, task_result
-from canvasagent.tasks import Task
+from canvasagent.core.tasks import Task
 from canvasagent.training.rewarding import HybridScorer, JudgeOutage, TRLRewards
 from rewards.checks import CheckContext, calibrated, run_check, run_checks
 from rewards.hybrid import HybridReward

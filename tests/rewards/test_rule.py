@@ -275,7 +275,7 @@ def test_replay_ignores_a_tampered_stored_check_and_counts_it():
 
 def test_score_survives_save_and_load(tmp_path):
     traj = run([R("bad", "Crop", {"image": "img_1", "bbox": [5, 5, 1, 1]}), R("c", "Crop", CROP), R("f", "Flip", {"image": "Crop_0"}), DONE], expected=["Crop", "Flip"])
-    from canvasagent.trajectory import Trajectory
+    from canvasagent.core.trajectory import Trajectory
 
     traj.save(tmp_path / "t")
     again = Trajectory.load(tmp_path / "t")
@@ -301,8 +301,8 @@ def test_weights_are_configurable():
 def test_calls_made_through_call_tool_have_unobserved_format():
     # TRL parses calls itself and executes them with Episode.call_tool: no reply text, no findings.
     from toolserver.client import make_toolbox
-    from canvasagent.episode import Episode
-    from canvasagent.tasks import Task
+    from canvasagent.core.episode import Episode
+    from canvasagent.core.tasks import Task
 
     ep = Episode(make_toolbox("offline"))
     ep.reset(Task("Mirror it.", images=[gradient()], expected_tools=["Flip"]))
@@ -342,8 +342,8 @@ def test_a_huge_integer_is_a_refused_call_not_a_zeroed_trajectory():
 def test_an_int_with_no_decimal_form_costs_only_its_call():
     # TRL hands Episode.call_tool Python objects: 10**5000 has no str() (Python's digit limit).
     from toolserver.client import make_toolbox
-    from canvasagent.episode import Episode
-    from canvasagent.tasks import Task
+    from canvasagent.core.episode import Episode
+    from canvasagent.core.tasks import Task
 
     ep = Episode(make_toolbox("offline"))
     ep.reset(Task("Turn it.", images=[gradient()], expected_tools=["Flip"]))

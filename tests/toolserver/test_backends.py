@@ -18,10 +18,10 @@ import pytest
 from PIL import Image, ImageDraw
 
 from toolserver.config import ToolsConfig
-from canvasagent.episode import run_episode
-from canvasagent.policies.replay import ReplayPolicy
-from canvasagent.protocol import TERMINATE, format_reply
-from canvasagent.tasks import Task
+from canvasagent.core.episode import run_episode
+from canvasagent.core.policies.replay import ReplayPolicy
+from canvasagent.core.protocol import TERMINATE, format_reply
+from canvasagent.core.tasks import Task
 from tests.toolserver import realesrgan_stubs
 from toolserver.backends import BACKEND_FACTORIES, build_backend
 from toolserver.backends._base import PLUMBING_NOTE, TINY_MARKER, BackendUnavailable

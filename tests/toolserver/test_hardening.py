@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from canvasagent.episode import Episode
-from canvasagent.tasks import Task
+from canvasagent.core.episode import Episode
+from canvasagent.core.tasks import Task
 from toolserver import http_codec
 from toolserver.backends import BACKEND_FACTORIES
 from toolserver.client import HttpToolbox, RetryPolicy

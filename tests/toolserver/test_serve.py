@@ -239,10 +239,10 @@ def test_per_tool_timeouts_become_failed_results(ray_box, http_box, url):
 
 def test_an_episode_runs_over_the_remote_toolbox(http_box, ray_box):
     """The runner's own loop: a tool failure is an error observation, never an exception."""
-    from canvasagent.episode import EpisodeConfig, run_episode
-    from canvasagent.policies.replay import ScriptedPolicy
-    from canvasagent.protocol import format_reply
-    from canvasagent.tasks import Task
+    from canvasagent.core.episode import EpisodeConfig, run_episode
+    from canvasagent.core.policies.replay import ScriptedPolicy
+    from canvasagent.core.protocol import format_reply
+    from canvasagent.core.tasks import Task
 
     script = [
         format_reply("mirror it", {"name": "Flip", "arguments": {"image": "img_1"}}),
@@ -414,7 +414,7 @@ def decode_image_b64(data: str) -> Image.Image:
 
 def test_canvascraft_ray_build_against_the_served_toolbox(served, tmp_path):
     """`build-sft --ray` against the Ray Serve toolbox: every kept row replays in-process to its image."""
-    from canvasagent.imageio import images_equal
+    from canvasagent.core.imageio import images_equal
     from canvasagent.replay import from_trajectory, replay
     from canvascraft import formats
     from canvascraft.build import load_build_config, run_build, shard_files

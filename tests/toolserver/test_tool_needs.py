@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from canvasagent.protocol import render_system_prompt
+from canvasagent.core.protocol import render_system_prompt
 from toolserver.registry import INSTRUCTION_KINDS, OutputKind, producers, tools, unmet_needs
 
 TASK_KINDS = {OutputKind.IMAGE, OutputKind.RGBA}  # what a task's input images can be

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from canvasagent.easel.painter import PainterConfig
-from canvasagent.models import load_policy, load_processor
-from canvasagent.protocol import parse_reply, render_system_prompt
+from canvasagent.core.models import load_policy, load_processor
+from canvasagent.core.protocol import parse_reply, render_system_prompt
 from canvasagent.training.common import workspace
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.data import grpo_rows, sft_rows

@@ -30,7 +30,7 @@ def test_dry_run_shapes_match_the_published_model_sizes(gpu_check):
 
 
 def test_policy_config_carries_the_tokenizers_vision_ids(gpu_check):
-    from canvasagent.models.tiny import TinyQwen3VLSpec, build_tiny_tokenizer
+    from canvasagent.core.models.tiny import TinyQwen3VLSpec, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer(TinyQwen3VLSpec())
     cfg = gpu_check.policy_config(tok)

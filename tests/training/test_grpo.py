@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.training.conftest import record_scored_batches
-from canvasagent.models import load_policy, load_processor
+from canvasagent.core.models import load_policy, load_processor
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.grpo import build_grpo_trainer, run_grpo
 

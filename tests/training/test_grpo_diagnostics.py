@@ -227,7 +227,7 @@ def _replayed(run, tmp_path, which):
     from canvasagent.evaluation.runner import EvalConfig, EvalRunner
     from canvasagent.training.evaluate import training_scorer
     from canvasagent.training.rewarding import make_scorer
-    from canvasagent.trajectory import Trajectory
+    from canvasagent.core.trajectory import Trajectory
 
     rollouts = [(t, s) for trajs, scores in run.scored for i, (t, s) in enumerate(zip(trajs, scores)) if which(i)]
     tasks, replies = [], {}
@@ -275,7 +275,7 @@ def test_replaying_a_rollout_without_a_tool_call_through_evaluation_gives_its_tr
 def test_rollout_prompt_is_the_evaluation_prompt_byte_for_byte(run, tmp_path, monkeypatch):
     """The prompt tokens TRL generated each rollout from equal the tokens the evaluation runner
     (`training.evaluate.evaluate_model`) feeds the policy on the first turn of the same task."""
-    from canvasagent.policies.hf_local import HFLocalPolicy
+    from canvasagent.core.policies.hf_local import HFLocalPolicy
     from canvasagent.training.evaluate import evaluate_model
     from canvasagent.training.rewarding import make_scorer
 
@@ -338,7 +338,7 @@ def test_pipeline_report_summarises_the_diagnostics(run, tmp_path):
 
 
 def test_source_of_a_task():
-    from canvasagent.tasks import Task
+    from canvasagent.core.tasks import Task
 
     assert source_of(Task("x", meta={"source": "scripted", "chain": "Crop"})) == "scripted"  # the loader's word wins
     assert source_of(Task("x", meta={"chain": "Crop+Flip"})) == "canvascraft"

@@ -15,9 +15,9 @@ import torch
 from trl.data_utils import prepare_multimodal_messages
 
 from toolserver.client import make_toolbox
-from canvasagent.episode import EpisodeConfig, run_episode
-from canvasagent.image_budget import omitted_text
-from canvasagent.policies.hf_local import HFLocalPolicy
+from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.image_budget import omitted_text
+from canvasagent.core.policies.hf_local import HFLocalPolicy
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.env import tool_functions, trajectory_of
 from canvasagent.training.grpo import build_grpo_trainer

@@ -8,8 +8,8 @@ import pytest
 from transformers.utils import get_json_schema
 
 from toolserver.client import make_toolbox
-from canvasagent.models import load_processor
-from canvasagent.protocol import parse_reply
+from canvasagent.core.models import load_processor
+from canvasagent.core.protocol import parse_reply
 from canvasagent.training.env import make_env_class, tool_functions, trajectory_of
 from canvasagent.training.messages import (
     assistant_message,

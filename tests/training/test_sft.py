@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from canvasagent.models import load_policy, load_processor
+from canvasagent.core.models import load_policy, load_processor
 from canvasagent.training import run
 from canvasagent.training.config import TrainConfig
 

@@ -56,7 +56,7 @@ def _as_trl_reads_vllm(outputs):
 
 @pytest.fixture(scope="module")
 def tiny_tok(tiny_qwen3vl_dir):
-    from canvasagent.models import load_processor
+    from canvasagent.core.models import load_processor
 
     return load_processor(str(tiny_qwen3vl_dir)).tokenizer
 

@@ -46,7 +46,7 @@ if __name__ == "__main__":  # python -m tests.ui.grpo_dump OUT: build a dump by 
     import sys
     import time
 
-    from canvasagent.models.tiny import build_tiny_qwen3vl
+    from canvasagent.core.models.tiny import build_tiny_qwen3vl
 
     root = Path(sys.argv[1])
     t0 = time.time()

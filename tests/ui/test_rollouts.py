@@ -57,8 +57,8 @@ def test_real_grpo_dump_step_group_rollout_rewards_and_advantages(grpo_dump):
 
 def test_eval_run_layout_and_samples(tmp_path):
     from canvasagent.evaluation.runner import EvalConfig, EvalRunner
-    from canvasagent.policies.spec import PolicyFactory
-    from canvasagent.tasks import Task
+    from canvasagent.policy_spec import PolicyFactory
+    from canvasagent.core.tasks import Task
 
     tasks = [Task("Mirror it.", [Image.new("RGB", (24, 16), c)], id=f"t{i}") for i, c in enumerate(("red", "blue"))]
     runner = EvalRunner(PolicyFactory("scripted:flip"), lambda traj: {"overall": 0.25 * len(traj.turns), "align": 0.5}, tmp_path / "ev",

@@ -8,8 +8,8 @@ import time
 import pytest
 from PIL import Image
 
-from canvasagent.protocol import format_reply
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.trajectory import Trajectory
 from canvasagent.ui.controller import UIConfig
 from tests.stub_openai import free_port
 

@@ -6,8 +6,8 @@ import json
 
 from PIL import Image
 
-from canvasagent.protocol import format_reply
-from canvasagent.trajectory import Trajectory
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.trajectory import Trajectory
 from canvasagent.ui.controller import UIConfig, UIController, UIState
 
 FLIP = format_reply("mirror", {"name": "Flip", "arguments": {"image": "img_1"}})

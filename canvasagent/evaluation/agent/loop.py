@@ -239,8 +239,8 @@ def build_agent(target: str, out_dir: str | Path | None, planner: str = "offline
     offline = OfflinePlanner(cfg.planner_view())
     if planner == "offline":
         return EvaluationAgent(offline, tgt, cfg, out_dir)
-    from canvasagent.llm_client import ChatClient, ChatEndpoint
-    from canvasagent.policies.spec import PolicySpecError, parse_policy_spec
+    from canvasagent.core.llm_client import ChatClient, ChatEndpoint
+    from canvasagent.policy_spec import PolicySpecError, parse_policy_spec
 
     spec = parse_policy_spec(planner)
     if spec.kind != "openai":

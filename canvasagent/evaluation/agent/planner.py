@@ -3,7 +3,7 @@
 `OfflinePlanner` parses the question against the registry's vocabulary (`vocab.py`) and follows
 the search (`search.py`): the ends of the asked range, then bisection at the boundary.
 
-`LLMPlanner` asks an OpenAI-compatible chat model (through `canvasagent.llm_client`) for the
+`LLMPlanner` asks an OpenAI-compatible chat model (through `canvasagent.core.llm_client`) for the
 plan and for each round's axis values, as JSON. Its replies are checked against the same
 vocabulary and axis limits; a reply that does not check out is replaced by the offline
 planner's choice for that step and the fallback is recorded (`source`). It cannot stop early:
@@ -189,7 +189,7 @@ class LLMPlanner:
     name = "openai"
 
     def __init__(self, client: Any, fallback: OfflinePlanner):
-        self.client = client  # canvasagent.llm_client.ChatClient
+        self.client = client  # canvasagent.core.llm_client.ChatClient
         self.fallback = fallback
 
     def _ask(self, system: str, user: str) -> tuple[dict[str, Any] | None, str, str]:

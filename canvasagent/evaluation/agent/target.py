@@ -19,12 +19,12 @@ from typing import Any
 
 from PIL import Image
 
-from canvasagent.episode import EpisodeConfig, run_episode
+from canvasagent.core.episode import EpisodeConfig, run_episode
 from canvasagent.evaluation.agent.probes import SUITES, Case, Output
 from canvasagent.evaluation.agent.types import Plan
-from canvasagent.policies.replay import ScriptedPolicy
-from canvasagent.protocol import format_reply
-from canvasagent.tasks import Task
+from canvasagent.core.policies.replay import ScriptedPolicy
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.tasks import Task
 from toolserver.client import make_toolbox
 from toolserver.config import ToolsConfig
 from toolserver.registry import REGISTRY, ArgType, Backend
@@ -45,7 +45,7 @@ class Target:
         self.tool = spec if spec in REGISTRY else None
         self._factory: Any = None
         if self.tool is None:
-            from canvasagent.policies.spec import PolicyFactory
+            from canvasagent.policy_spec import PolicyFactory
 
             self._factory = PolicyFactory(spec)  # raises PolicySpecError for a bad spec
         self.kind = "policy" if self.tool is None else "tool"

@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 from PIL import Image
 
-from canvasagent.assets import AssetStore, Provenance
-from canvasagent.image_budget import apply_image_budget, check_budget
-from canvasagent.imageio import DEFAULT_MAX_INPUT_PIXELS, ImageLoadError
-from canvasagent.protocol import ToolCall, echo_plain, echo_saved, parse_reply, render_system_prompt
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory, Turn
+from canvasagent.core.assets import AssetStore, Provenance
+from canvasagent.core.image_budget import apply_image_budget, check_budget
+from canvasagent.core.imageio import DEFAULT_MAX_INPUT_PIXELS, ImageLoadError
+from canvasagent.core.protocol import ToolCall, echo_plain, echo_saved, parse_reply, render_system_prompt
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory, Turn
 from toolserver.registry import REGISTRY, Backend
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -44,7 +44,7 @@ class EpisodeConfig:
     # terminates, as a GRPO rollout ends there; otherwise the reply gets an error observation
     # and the policy is asked again.
     end_without_call: bool = False
-    # The image-context budget (canvasagent.image_budget): the policy is shown the last N tool
+    # The image-context budget (canvasagent.core.image_budget): the policy is shown the last N tool
     # images, older ones as their asset-ID text. None: every image.
     image_budget: int | None = None
 

@@ -2,7 +2,7 @@
 
 The result is laid out like a hub checkpoint (``config.json``, ``model.safetensors``,
 ``generation_config.json``, tokenizer files, ``chat_template.jinja``, image/video processor
-configs), so :func:`canvasagent.models.load_policy` / :func:`load_processor` load it through the
+configs), so :func:`canvasagent.core.models.load_policy` / :func:`load_processor` load it through the
 same code as ``Qwen/Qwen3-VL-8B-Instruct``. It exists so tests and the CPU default pipeline run
 without network access and in seconds.
 
@@ -30,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
-from canvasagent.models.special_tokens import (
+from canvasagent.core.models.special_tokens import (
     EOS_TOKEN,
     PAD_TOKEN,
     QWEN_SPECIAL_TOKENS,
@@ -145,11 +145,11 @@ def _arg_value(arg, rng: random.Random, assets: list[str]):
 def protocol_corpus(extra: tuple[str, ...] = ()) -> Iterator[str]:
     """Deterministic training text for the tiny tokenizer, generated from the live protocol.
 
-    It is rendered from the tool registry and :mod:`canvasagent.protocol` (system prompts, tool
+    It is rendered from the tool registry and :mod:`canvasagent.core.protocol` (system prompts, tool
     schemas, well-formed replies, tool observations) plus the chat template's own text, so the BPE
     learns merges for exactly what training sequences contain; this keeps them short on CPU.
     """
-    from canvasagent import protocol
+    from canvasagent.core import protocol
     from toolserver.registry import openai_schemas, tools
 
     rng = random.Random(20240607)  # fixed: the tokenizer must not depend on the model seed
@@ -348,7 +348,7 @@ def build_tiny_qwen3vl(
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    from canvasagent.models.loading import _image_only_processor_class
+    from canvasagent.core.models.loading import _image_only_processor_class
 
     spec = spec or TinyQwen3VLSpec()
     out = Path(out_dir)

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from canvasagent.models.special_tokens import PROTOCOL_TOKENS, TERMINATE
-from canvasagent.models.special_tokens import REASON_END as REASON_CLOSE
-from canvasagent.models.special_tokens import REASON_START as REASON_OPEN
-from canvasagent.models.special_tokens import TOOL_CALL_END as CALL_CLOSE
-from canvasagent.models.special_tokens import TOOL_CALL_START as CALL_OPEN
+from canvasagent.core.models.special_tokens import PROTOCOL_TOKENS, TERMINATE
+from canvasagent.core.models.special_tokens import REASON_END as REASON_CLOSE
+from canvasagent.core.models.special_tokens import REASON_START as REASON_OPEN
+from canvasagent.core.models.special_tokens import TOOL_CALL_END as CALL_CLOSE
+from canvasagent.core.models.special_tokens import TOOL_CALL_START as CALL_OPEN
 from toolserver.registry import OutputKind, get_tool, openai_schemas, producers, tool_names, tools
 
 __all__ = ["PROTOCOL_TOKENS", "TERMINATE", "REASON_OPEN", "REASON_CLOSE", "CALL_OPEN", "CALL_CLOSE", "parse_reply"]

@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from canvasagent.policies.replay import ScriptedPolicy
-from canvasagent.protocol import format_reply
-from canvasagent.tasks import Task
+from canvasagent.core.policies.replay import ScriptedPolicy
+from canvasagent.core.protocol import format_reply
+from canvasagent.core.tasks import Task
 from toolserver.registry import REGISTRY, ArgType, OutputKind
 
 ScriptFn = Callable[[list[dict[str, Any]], Any], str]

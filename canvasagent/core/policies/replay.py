@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from canvasagent.protocol import TERMINATE
+from canvasagent.core.protocol import TERMINATE
 
 
 class ReplayPolicy:

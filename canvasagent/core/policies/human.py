@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from canvasagent.protocol import TERMINATE, format_reply
+from canvasagent.core.protocol import TERMINATE, format_reply
 
 HELP = (
     "Type a tool call as  Tool {json arguments}  e.g.  Crop {\"image\": \"img_1\", \"bbox\": [0,0,500,500]}\n"

@@ -1,4 +1,4 @@
-"""``python -m canvasagent.models build-tiny --out DIR [--seed N]``."""
+"""``python -m canvasagent.core.models build-tiny --out DIR [--seed N]``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m canvasagent.models", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m canvasagent.core.models", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build-tiny", help="build the tiny random Qwen3-VL checkpoint offline")
     build.add_argument("--out", required=True, help="output directory (created if missing)")
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-    from canvasagent.models.tiny import build_tiny_qwen3vl
+    from canvasagent.core.models.tiny import build_tiny_qwen3vl
 
     if args.command == "build-tiny":
         path = build_tiny_qwen3vl(args.out, seed=args.seed)

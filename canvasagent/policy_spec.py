@@ -6,7 +6,7 @@
                            (with `tools=Crop,Flip`) renders the prompt as `canvasagent.train` did
     openai:MODEL@BASE_URL  an OpenAI-compatible chat endpoint
     human                  a person typing at the terminal
-    scripted:NAME          a named scripted policy (see canvasagent.policies.scripted)
+    scripted:NAME          a named scripted policy (see canvasagent.core.policies.scripted)
 
 Options may follow as a query string, e.g. `hf:ckpt?max_new_tokens=64&temperature=0.7` or
 `openai:qwen@http://127.0.0.1:8000/v1?timeout_s=5&max_retries=1`. Numbers are parsed; unknown
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from canvasagent.policies.human import HumanPolicy
-from canvasagent.policies.replay import ReplayPolicy
-from canvasagent.policies.scripted import SCRIPT_NAMES, scripted_policy
-from canvasagent.tasks import Task
+from canvasagent.core.policies.human import HumanPolicy
+from canvasagent.core.policies.replay import ReplayPolicy
+from canvasagent.core.policies.scripted import SCRIPT_NAMES, scripted_policy
+from canvasagent.core.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class PolicyFactory:
         if s.kind == "replay":
             self._replay = ReplaySource.load(s.target)
         elif s.kind == "hf":
-            from canvasagent.policies.hf_local import HFGenerationConfig, HFLocalPolicy
+            from canvasagent.core.policies.hf_local import HFGenerationConfig, HFLocalPolicy
 
             opts = dict(s.options)
             layout = str(opts.pop("layout", "episode"))
@@ -211,7 +211,7 @@ class PolicyFactory:
             elif layout != "episode":
                 raise PolicySpecError(f"{s}: layout must be 'episode' or 'train', got {layout!r}")
         elif s.kind == "openai":
-            from canvasagent.policies.openai_compat import OpenAICompatConfig, OpenAICompatPolicy
+            from canvasagent.core.policies.openai_compat import OpenAICompatConfig, OpenAICompatPolicy
 
             opts = _checked_options(OpenAICompatConfig, s.options, s)
             self._shared = OpenAICompatPolicy(OpenAICompatConfig(model=s.target, base_url=s.base_url or "", **opts))

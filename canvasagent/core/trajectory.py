@@ -17,10 +17,10 @@ from typing import Any
 
 from PIL import Image
 
-from canvasagent.assets import Asset, AssetStore, Provenance
-from canvasagent.imageio import ImageLoadError, open_image, resolve_path
-from canvasagent.protocol import Finding, ToolCall
-from canvasagent.tasks import Task
+from canvasagent.core.assets import Asset, AssetStore, Provenance
+from canvasagent.core.imageio import ImageLoadError, open_image, resolve_path
+from canvasagent.core.protocol import Finding, ToolCall
+from canvasagent.core.tasks import Task
 from toolserver.registry import OutputKind
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from typing import Any, Iterable, Iterator
 
 from PIL import Image
 
-from canvasagent.imageio import DEFAULT_MAX_INPUT_PIXELS, load_image
-from canvasagent.tasks import Task
-from canvasagent.trajectory import Trajectory, safe_file_name, save_image
+from canvasagent.core.imageio import DEFAULT_MAX_INPUT_PIXELS, load_image
+from canvasagent.core.tasks import Task
+from canvasagent.core.trajectory import Trajectory, safe_file_name, save_image
 
 IMAGE_TOKEN = "<image>"
 _ROLE_ALIASES = {

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from canvasagent.llm_client import ChatClient, ChatEndpoint, EndpointError, image_data_url, reply_text
+from canvasagent.core.llm_client import ChatClient, ChatEndpoint, EndpointError, image_data_url, reply_text
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from canvasagent.models.special_tokens import add_protocol_tokens
+from canvasagent.core.models.special_tokens import add_protocol_tokens
 
 if TYPE_CHECKING:  # torch/transformers are imported lazily: importing this module stays cheap
     import torch
@@ -104,7 +104,7 @@ def resolve_source(model_id_or_path: str | os.PathLike[str]) -> ModelSource:
     if isinstance(model_id_or_path, Path) or _looks_like_path(ref) or os.path.exists(expanded):
         raise ModelUnavailableError(
             f"Model path {ref!r} is not an existing checkpoint directory. Build the tiny offline model "
-            f"with `python -m canvasagent.models build-tiny --out {ref}` or pass a hub id."
+            f"with `python -m canvasagent.core.models build-tiny --out {ref}` or pass a hub id."
         )
     return ModelSource(ref=ref, is_local=False)
 
@@ -118,7 +118,7 @@ def _unavailable(source: ModelSource, what: str, exc: BaseException) -> ModelUna
             "hub is offline "
             "(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set). Download it on a networked machine "
             f"(`hf download {source.ref}`) and copy the cache or the folder here, or use the tiny "
-            "offline model (`python -m canvasagent.models build-tiny --out DIR`)."
+            "offline model (`python -m canvasagent.core.models build-tiny --out DIR`)."
         )
     else:
         hint = (
@@ -170,7 +170,7 @@ def load_policy(
 
     Args:
         model_id_or_path: e.g. ``"Qwen/Qwen3-VL-8B-Instruct"`` or a directory written by
-            :func:`canvasagent.models.build_tiny_qwen3vl` or by a trainer's ``save_pretrained``.
+            :func:`canvasagent.core.models.build_tiny_qwen3vl` or by a trainer's ``save_pretrained``.
         dtype: a ``torch.dtype``, ``"auto"`` or a name such as ``"bfloat16"``/``"bf16"``/``"float32"``.
             ``None`` keeps transformers' default.
         device_map: passed through (``"auto"`` needs accelerate).

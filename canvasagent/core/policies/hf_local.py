@@ -1,6 +1,6 @@
 """A policy that runs a local Hugging Face checkpoint with `transformers` `generate`.
 
-Loading goes through `canvasagent.models.loading`, so the same code serves the tiny offline
+Loading goes through `canvasagent.core.models.loading`, so the same code serves the tiny offline
 Qwen3-VL and real checkpoints, with or without torchvision. Episode messages already use the
 transformers multimodal content format (`{"type": "image", "image": PIL}`), so they go straight
 into the processor's chat template: the prompt the policy sees here is the one training renders.
@@ -34,7 +34,7 @@ class HFLocalPolicy:
     """Greedy or sampled generation from a local checkpoint; one model shared by all episodes."""
 
     def __init__(self, model_path: str, config: HFGenerationConfig | None = None, model: Any = None, processor: Any = None):
-        from canvasagent.models.loading import ensure_token_capacity, load_policy, load_processor
+        from canvasagent.core.models.loading import ensure_token_capacity, load_policy, load_processor
 
         self.config = config or HFGenerationConfig()
         self.model_path = str(model_path)
