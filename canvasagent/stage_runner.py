@@ -1,17 +1,31 @@
-"""Run one stage of a job in this process or in a fresh Python subprocess, and measure its memory.
+"""Staged runs: a run folder's stages, each run once, in this process or a fresh subprocess,
+timed and with its peak memory.
 
-    from canvasagent.stage_runner import run_stage
-    run = run_stage(pipeline.stage_grpo, isolate=True)
-    run.value, run.seconds, run.peaks   # the stage's return value; {"peak_rss_mb": ..., "peak_anon_mb": ...}
+    from canvasagent.stage_runner import StagedRun, train
+    stages = StagedRun("runs/main", "pipeline")
+    rec = stages.run("sft", train, sft_config, isolate=True)   # skipped, its record returned, once done
+    rec["final"], rec["seconds"], rec["peak_rss_mb"]
 
-A subprocess bounds a stage's memory by the stage alone: whatever it loaded (tool backends,
-torch, TRL state) and whatever the allocator kept of what it freed goes back to the system when
-the process exits, so one stage's leftovers never add to the next one's peak. The stage must then
-be picklable (a module-level function, the main script's included, or a method of a picklable
-object) and so must its arguments and its return value; the subprocess imports the same
-packages as this process (this checkout first on its path), inherits the environment, the
-working directory and stdout/stderr, and logs at this process's root log level. An exception in the subprocess is raised here as a
-`StageFailed` carrying the subprocess's traceback; an interrupt here terminates the subprocess.
+`StagedRun` is the one orchestrator of the pipeline, the ablation grid and (through the
+pipeline) the evidence benchmark. A stage's folder is `<root>/<stage>` (a stage name may hold
+slashes: `cells/sft-rl/grpo`); when the stage returns, its record is written atomically to
+`<folder>/done.json`: the stage's return value (a dict) plus `seconds`, `peak_rss_mb` and
+`peak_anon_mb`. A stage with a readable done.json is done: `run` returns that record without
+calling the stage, whatever else the record holds. A stage that raised or whose process was
+killed left no done.json and runs again; resuming what it kept in its folder (checkpoints,
+finished shards, evaluated tasks) is the stage's own business. `train` is the training stage:
+it resumes from the last checkpoint of its output folder.
+
+`run_stage` runs one callable, in this process or with `isolate` in a fresh Python
+subprocess. A subprocess bounds a stage's memory by the stage alone: whatever it loaded (tool
+backends, torch, TRL state) and whatever the allocator kept of what it freed goes back to the
+system when the process exits, so one stage's leftovers never add to the next one's peak. The
+stage must then be picklable (a module-level function, the main script's included, or a method
+of a picklable object) and so must its arguments and its return value; the subprocess imports
+the same packages as this process (this checkout first on its path), inherits the environment,
+the working directory and stdout/stderr, and logs at this process's root log level. An
+exception in the subprocess is raised here as a `StageFailed` carrying the subprocess's
+traceback; an interrupt here terminates the subprocess.
 
 `PeakRSS` samples the resident memory of this process plus all its descendants (a stage's
 subprocess and anything it starts), so the peak it reports is the job's, whichever way the
@@ -21,7 +35,9 @@ this process's lifetime peak.
 
 from __future__ import annotations
 
+import json
 import logging
+import numbers
 import os
 import pickle
 import subprocess
@@ -188,6 +204,70 @@ def _run_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -
     if status == "ok":
         return value
     raise StageFailed(f"stage {name} failed in its subprocess: {value}", tb)
+
+
+# ---------------------------------------------------------------------------------- staged runs
+
+
+def _jsonable(o: Any) -> Any:
+    """Numbers (numpy's included) as numbers, anything else (paths) as text."""
+    if isinstance(o, numbers.Integral):
+        return int(o)
+    return float(o) if isinstance(o, numbers.Real) else str(o)
+
+
+def train(cfg: Any) -> dict[str, Any]:
+    """The training stage: `canvasagent.training.run(cfg)`, resuming from the last checkpoint
+    in `cfg.run.output_dir` (a no-op on a fresh folder); its summary without the log history.
+    Module-level, so that it runs isolated."""
+    from canvasagent.training import run  # deferred: imports torch and TRL
+
+    cfg.run.resume = True
+    return {k: v for k, v in run(cfg).items() if k != "log_history"}
+
+
+class StagedRun:
+    """The stages of the run folder `root` (see the module docstring); `label` prefixes the log."""
+
+    def __init__(self, root: str | Path, label: str = "stages"):
+        self.root, self.label = Path(root), label
+
+    def done(self, stage: str) -> dict[str, Any] | None:
+        """The record of a finished stage; None while it has none (or an unreadable one)."""
+        path = self.root / stage / "done.json"
+        try:
+            record = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            log.warning("[%s] %s: unreadable %s, running the stage again", self.label, stage, path)
+            return None
+        return record if isinstance(record, dict) else None
+
+    def mark(self, stage: str, record: dict[str, Any]) -> dict[str, Any]:
+        """Write `record` as the stage's done.json (atomically) and return it."""
+        folder = self.root / stage
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / "done.json.tmp"
+        tmp.write_text(json.dumps(record, indent=2, default=_jsonable))
+        tmp.replace(folder / "done.json")
+        return record
+
+    def run(self, stage: str, fn: Callable[..., dict[str, Any]], *args: Any, isolate: bool = False,
+            rerun: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """The stage's record: the recorded one if it is done (unless `rerun`), else
+        `fn(*args, **kwargs)` run through `run_stage` and recorded with its time and peaks."""
+        if not rerun and (prev := self.done(stage)) is not None:
+            log.info("[%s] %s: done already, skipping", self.label, stage)
+            return prev
+        log.info("[%s] %s: starting%s", self.label, stage, " (subprocess)" if isolate else "")
+        r = run_stage(fn, *args, isolate=isolate, **kwargs)
+        record = self.mark(stage, {**r.value, "seconds": r.seconds, **r.peaks})
+        log.info("[%s] %s: finished in %.1fs, peak RSS %s MB", self.label, stage, r.seconds, record.get("peak_rss_mb"))
+        return record
+
+
+# ---------------------------------------------------------------------------------- the subprocess
 
 
 def _load_main(path: str) -> None:

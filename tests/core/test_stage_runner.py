@@ -1,15 +1,21 @@
-"""run_stage: a stage in this process or in a fresh subprocess, with the job's peak RSS."""
+"""run_stage: a stage in this process or in a fresh subprocess, with the job's peak RSS; StagedRun:
+done stages skipped with their recorded result, interrupted ones rerun."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from canvasagent.stage_runner import PeakRSS, StageFailed, rss_mb, run_stage
+from canvasagent.stage_runner import PeakRSS, StagedRun, StageFailed, rss_mb, run_stage
 
 
 def _hold(mb: int, seconds: float) -> dict:
@@ -73,11 +79,84 @@ if __name__ == "__main__":
 
 
 def test_a_stage_defined_in_the_main_script_runs_isolated(tmp_path):
-    import subprocess
-    import sys
-
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "42"  # printed once: the child did not rerun the script's main block
+
+
+def _count(path: str, value: float) -> dict:
+    """A stage that counts its calls in `path` and returns numpy numbers."""
+    with open(path, "a") as fh:
+        fh.write("x")
+    return {"value": np.float32(value), "n": np.int64(3), "where": Path(path).parent}
+
+
+def test_a_done_stage_is_skipped_and_its_recorded_result_returned(tmp_path):
+    calls = tmp_path / "calls"
+    stages = StagedRun(tmp_path / "run")
+    first = stages.run("train/a", _count, str(calls), 0.5, isolate=True)
+    assert first["value"] == 0.5 and first["seconds"] >= 0 and first["peak_rss_mb"] > 0
+    record = json.loads((tmp_path / "run" / "train" / "a" / "done.json").read_text())
+    # Numbers stay numbers, paths become text.
+    assert record == {**first, "value": 0.5, "n": 3, "where": str(tmp_path)}
+    again = StagedRun(tmp_path / "run").run("train/a", _count, str(calls), 0.9)
+    assert again == record and calls.read_text() == "x"  # not called again
+    assert StagedRun(tmp_path / "run").run("train/a", _count, str(calls), 0.9, rerun=True)["value"] == pytest.approx(0.9)
+    assert calls.read_text() == "xx"
+
+
+def test_a_record_written_by_the_earlier_stage_code_is_understood(tmp_path):
+    # As the pipeline and the ablation wrote them: the stage's value, its time and peaks, any notes.
+    old = {"final": "/x/sft/final", "global_step": 2, "seconds": 12.5, "peak_rss_mb": 600.1, "peak_anon_mb": 400.0, "note": "reused"}
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "done.json").write_text(json.dumps(old, indent=2))
+    assert StagedRun(tmp_path).run("sft", _fail, "must not run") == old
+    # A torn record (not JSON) counts as not done.
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "done.json").write_text('{"final": "/x/gr')
+    assert StagedRun(tmp_path).done("grpo") is None
+
+
+def test_a_stage_that_raised_leaves_no_record_and_runs_again(tmp_path):
+    stages = StagedRun(tmp_path)
+    with pytest.raises(ValueError, match="first try"):
+        stages.run("eval", _fail, "first try")
+    assert stages.done("eval") is None and not (tmp_path / "eval" / "done.json").exists()
+    assert stages.run("eval", _count, str(tmp_path / "calls"), 1.0)["value"] == 1.0
+
+
+KILLED = """
+import sys, time
+from canvasagent.stage_runner import StagedRun
+
+def stage(calls, seconds):
+    open(calls, "a").write("x")
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+if __name__ == "__main__":
+    root, seconds = sys.argv[1], float(sys.argv[2])
+    stages = StagedRun(root)
+    first = stages.run("first", stage, root + "/first_calls", 0.0, isolate=True)
+    second = stages.run("second", stage, root + "/second_calls", seconds, isolate=True)
+    print(first["slept"], second["slept"])
+"""
+
+
+def test_a_run_killed_mid_stage_reruns_that_stage_only(tmp_path):
+    script, root = tmp_path / "job.py", tmp_path / "run"
+    script.write_text(KILLED)
+    root.mkdir()
+    proc = subprocess.Popen([sys.executable, str(script), str(root), "600"], start_new_session=True)
+    deadline = time.time() + 120
+    while not (root / "second_calls").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # the job and its stage subprocess, mid-stage
+    proc.wait()
+    assert (root / "first" / "done.json").exists() and not (root / "second" / "done.json").exists()
+    done = subprocess.run([sys.executable, str(script), str(root), "0"], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.0", "0.0"]
+    assert (root / "first_calls").read_text() == "x" and (root / "second_calls").read_text() == "xx"
