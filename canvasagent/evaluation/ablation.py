@@ -9,7 +9,8 @@ GRPO runs whose `grpo.reward_preset` names a preset in configs/reward/. The SFT 
 every cell that starts from it. Each trained policy is evaluated with `canvasagent eval`'s runner
 on the same split, and the grid is written as one Table-5-shaped table plus training curves.
 
-Layout under `--out` (a rerun skips every finished stage and resumes unfinished training):
+The stages run through `canvasagent.stage_runner.StagedRun`. Layout under `--out` (a rerun skips
+every finished stage and resumes unfinished training):
 
     sft/                      the shared SFT run (train.log, metrics.jsonl, final/)
     cells/<cell>/grpo/        the cell's GRPO run
@@ -25,14 +26,14 @@ import logging
 import re
 import subprocess
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
 from canvasagent.evaluation.api import evaluate_policy
 from canvasagent.evaluation.report import metrics_table
 from canvasagent.evaluation.runner import EvalConfig
+from canvasagent.stage_runner import StagedRun
 from toolserver.config import find_config, from_dict, load_yaml
 
 log = logging.getLogger(__name__)
@@ -139,20 +140,6 @@ def cli_trainer(launcher: list[str] | None = None) -> Trainer:
     return train
 
 
-def _done(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text()) if path.exists() else None
-    except ValueError:
-        return None
-
-
-def _mark(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=float))
-    tmp.replace(path)
-
-
 @dataclass
 class CellResult:
     name: str
@@ -165,6 +152,11 @@ class CellResult:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> CellResult:
+        """From a cell's done.json (which also holds the stage's peak RSS)."""
+        return cls(**{f.name: record[f.name] for f in fields(cls)})
+
 
 class AblationRunner:
     def __init__(self, config: AblationConfig, out_dir: str | Path, trainer: Trainer | None = None, evaluator: Callable | None = None):
@@ -173,6 +165,7 @@ class AblationRunner:
         self.trainer = trainer or cli_trainer(config.train.launcher)
         self.evaluator = evaluator or evaluate_policy
         self._data_cache: dict[str, Any] | None = None
+        self.stages = StagedRun(self.out, "ablation")
 
     # -- stages ------------------------------------------------------------------------------
     def plan(self) -> list[str]:
@@ -255,28 +248,19 @@ class AblationRunner:
             return str(path)
         raise AblationError(f"eval.tasks must be a path or {{scripted: {{...}}}}, got {tasks!r}")
 
+    def _train(self, kind: str, config: str, out: Path, overrides: Callable[[], dict[str, Any]]) -> Path:
+        """A training stage of the grid; `overrides` is called only when the stage runs."""
+        rec = self.stages.run(str(out.relative_to(self.out)), lambda: {"final": str(self.trainer(kind, config, out, overrides(), out / "train.log"))})
+        return Path(rec["final"])
+
     def _sft(self) -> Path:
-        d = self.out / "sft"
-        done = _done(d / "done.json")
-        if done:
-            return Path(done["final"])
-        t0 = time.perf_counter()
-        data = self._data()["sft"] if self.cfg.data else {}
-        final = self.trainer("sft", self.cfg.train.sft_config, d, {**data, **self.cfg.train.sft_overrides}, d / "train.log")
-        _mark(d / "done.json", {"final": str(final), "seconds": time.perf_counter() - t0})
-        return final
+        return self._train("sft", self.cfg.train.sft_config, self.out / "sft",
+                           lambda: {**(self._data()["sft"] if self.cfg.data else {}), **self.cfg.train.sft_overrides})
 
     def _grpo(self, cell: CellSpec, init: Path | None) -> Path:
-        d = self.out / "cells" / slug(cell.name) / "grpo"
-        done = _done(d / "done.json")
-        if done:
-            return Path(done["final"])
-        data = self._data()["grpo"] if self.cfg.data else {}
-        overrides = {**data, **self.cfg.train.grpo_overrides, "grpo.reward_preset": cell.reward_preset, "run.init_from": str(init) if init else None, **cell.grpo_overrides}
-        t0 = time.perf_counter()
-        final = self.trainer("grpo", self.cfg.train.grpo_config, d, overrides, d / "train.log")
-        _mark(d / "done.json", {"final": str(final), "seconds": time.perf_counter() - t0})
-        return final
+        return self._train("grpo", self.cfg.train.grpo_config, self.out / "cells" / slug(cell.name) / "grpo", lambda: {
+            **(self._data()["grpo"] if self.cfg.data else {}), **self.cfg.train.grpo_overrides,
+            "grpo.reward_preset": cell.reward_preset, "run.init_from": str(init) if init else None, **cell.grpo_overrides})
 
     def policy_spec(self, checkpoint: Path) -> str:
         options = dict(self.cfg.eval.policy_options)
@@ -286,19 +270,17 @@ class AblationRunner:
         return f"hf:{checkpoint}" + (f"?{opts}" if opts else "")
 
     def run_cell(self, cell: CellSpec) -> CellResult:
-        d = self.out / "cells" / slug(cell.name)
-        done = _done(d / "done.json")
-        if done:
-            log.info("cell %r already done; skipping", cell.name)
-            return CellResult(**done)
-        t0 = time.perf_counter()
+        """The cell's stage: its training stages (shared SFT, its GRPO), then its evaluation."""
+        return CellResult.from_record(self.stages.run(f"cells/{slug(cell.name)}", self._cell, cell))
+
+    def _cell(self, cell: CellSpec) -> dict[str, Any]:
         sft = self._sft() if cell.sft else None
         ckpt = self._grpo(cell, sft) if cell.grpo else sft
         if ckpt is None:
             raise AblationError(f"cell {cell.name!r} neither trains SFT nor GRPO: nothing to evaluate")
         e = self.cfg.eval
         outcome = self.evaluator(
-            self.policy_spec(ckpt), self.eval_tasks(), d / "eval", e.judge, e.preset,
+            self.policy_spec(ckpt), self.eval_tasks(), self.out / "cells" / slug(cell.name) / "eval", e.judge, e.preset,
             # A checkpoint trained in the training layout is evaluated as its rollouts ran: a reply
             # without a tool call ends the episode, as it ends a GRPO rollout.
             EvalConfig(workers=e.workers, max_turns=e.max_turns, end_without_call=e.policy_options.get("layout") == "train",
@@ -308,9 +290,8 @@ class AblationRunner:
         if not outcome.complete:
             raise AblationError(f"cell {cell.name!r}: evaluation incomplete ({outcome.n_done}/{outcome.n_tasks}); rerun to resume")
         s = outcome.summary
-        res = CellResult(cell.name, s.metrics, s.success_rate, s.valid_reply_rate, str(ckpt), time.perf_counter() - t0)
-        _mark(d / "done.json", res.to_dict())
-        return res
+        return {"name": cell.name, "metrics": s.metrics, "success_rate": s.success_rate,
+                "valid_reply_rate": s.valid_reply_rate, "checkpoint": str(ckpt)}  # `seconds`: the stage's
 
     def run(self, only: list[str] | None = None) -> dict[str, Any]:
         """Run every cell (or the cells named in `only`); the table covers every finished cell."""
@@ -318,9 +299,8 @@ class AblationRunner:
         failures: dict[str, str] = {}
         for cell in self.cfg.cells:
             if only and cell.name not in only:
-                done = _done(self.out / "cells" / slug(cell.name) / "done.json")
-                if done:
-                    results[cell.name] = CellResult(**done)
+                if done := self.stages.done(f"cells/{slug(cell.name)}"):
+                    results[cell.name] = CellResult.from_record(done)
                 continue
             try:
                 results[cell.name] = self.run_cell(cell)
