@@ -11,8 +11,12 @@ the env, the episode, the toolbox, masks, the loss forward and backward.
 Tool wait = wall time during which at least one tool call was in flight (the union of the call
 intervals seen at the toolbox), divided by the number of tool turns. Step time = one
 `training_step`, generation included. The no-latency step (latency 0, concurrent) is the base.
+The step-time target is read from pairs: one trainer alternates latency 0 and `--latency` on
+consecutive steps (after a warm-up step), and the median of (latency step - no-latency step)
+over `--pairs` pairs is what the tools add to a step. Steps of separate runs differ by several
+seconds with the load of a shared machine; the two steps of a pair see about the same load.
 
-    .venv/bin/python benchmarks/rollout_concurrency.py [--rollouts 16] [--turns 3] [--latency 0.5] [--no-ray]
+    .venv/bin/python benchmarks/rollout_concurrency.py [--rollouts 16] [--turns 3] [--latency 0.5] [--pairs 4] [--no-ray]
 
 The last line is `serial/concurrent tool wait per turn: R x` (in-process R).
 """
@@ -20,6 +24,7 @@ The last line is `serial/concurrent tool wait per turn: R x` (in-process R).
 from __future__ import annotations
 
 import argparse
+import statistics
 import logging
 import os
 import tempfile
@@ -98,14 +103,22 @@ def train_cfg(out: Path, tools_config: str, rollouts: int, turns: int, steps: in
     })
 
 
-def one_step(cfg: TrainConfig, concurrent: bool, latency_s: float | None, turns: int, served: bool = False) -> dict[str, Any]:
+def one_step(cfg: TrainConfig, concurrent: bool, latency_s: float | None | list[float], turns: int,
+             served: bool = False) -> dict[str, Any]:
+    """Run `cfg`'s GRPO steps; `latency_s` is the in-process tool latency (None: served
+    elsewhere), or a list giving step k the latency `latency_s[k % len]`."""
     trainer, processor, ws = build_grpo_trainer(cfg)
     if not concurrent:
         trainer.tool_runner = None  # TRL's serial loop
     box = ws.env_cls.toolbox()
-    if latency_s is not None:  # in-process: set this run's latency on the lazily built backend
+    schedule = latency_s if isinstance(latency_s, list) else None
+
+    def set_latency(value: float) -> None:  # rebuilds the lazily built backend with this latency
         lazy = box.backends["ImageEdit"]
-        lazy._fn, lazy.params = None, {**lazy.params, "latency_s": latency_s}
+        lazy._fn, lazy.params = None, {**lazy.params, "latency_s": value}
+
+    if latency_s is not None and schedule is None:
+        set_latency(latency_s)
     clock = CallClock(box)
     tok = processor.tokenizer
     replies = script(turns)
@@ -126,7 +139,12 @@ def one_step(cfg: TrainConfig, concurrent: bool, latency_s: float | None, turns:
     step_s: list[float] = []
     inner_step = trainer.training_step
 
+    step_latency: list[float | None] = []
+
     def timed_step(*a, **kw):
+        if schedule is not None:
+            step_latency.append(schedule[len(step_s) % len(schedule)])
+            set_latency(step_latency[-1])
         t0 = time.perf_counter()
         out = inner_step(*a, **kw)
         step_s.append(time.perf_counter() - t0)
@@ -144,6 +162,7 @@ def one_step(cfg: TrainConfig, concurrent: bool, latency_s: float | None, turns:
         # The fastest step: on a shared machine the others carry other jobs' load.
         "step_s": min(step_s),
         "steps_s": step_s,
+        "step_latency_s": step_latency,
     }
 
 
@@ -173,12 +192,13 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.5)
     ap.add_argument("--steps", type=int, default=2, help="GRPO steps per run (the fastest is reported)")
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray Serve runs")
+    ap.add_argument("--pairs", type=int, default=4, help="paired (no latency, latency) steps for the step-time target; 0 skips")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="rollout_conc_"))
     local = "latency"
     rows: dict[str, dict[str, Any]] = {}
-    cfg = lambda name, tools: train_cfg(tmp / name, tools, args.rollouts, args.turns, args.steps)
+    cfg = lambda name, tools, steps=args.steps: train_cfg(tmp / name, tools, args.rollouts, args.turns, steps)
     rows["in-process, no latency"] = one_step(cfg("base", local), True, 0.0, args.turns)
     rows["in-process, serial"] = one_step(cfg("serial", local), False, args.latency, args.turns)
     rows["in-process, concurrent"] = one_step(cfg("conc", local), True, args.latency, args.turns)
@@ -189,6 +209,9 @@ def main() -> None:
         rows["Ray Serve, serial"] = one_step(cfg("rserial", str(ray_tools)), False, None, args.turns, served=True)
         rows["Ray Serve, concurrent"] = one_step(cfg("rconc", str(ray_tools)), True, None, args.turns, served=True)
 
+    # Step time against the no-latency step, paired: one trainer alternates latency 0 and
+    # --latency on consecutive steps, so both halves of a pair carry about the same machine load.
+    paired = one_step(cfg("paired", local, 2 * args.pairs + 1), True, [0.0, args.latency], args.turns) if args.pairs else None
     base = rows["in-process, no latency"]["step_s"]
     print(f"{args.rollouts} rollouts x {args.turns} tool turns, ImageEdit at {args.latency:g} s a call (latency backend), "
           f"{args.steps} GRPO steps per run")
@@ -206,6 +229,18 @@ def main() -> None:
               f"(target <= 1.5); serial/concurrent {ratio:.1f}x (target >= 10); step {c['step_s']:.2f} s vs no-latency "
               f"{base:.2f} s + {args.turns} x 0.75 s = {base + args.turns * 0.75:.2f} s "
               f"({'met' if c['step_s'] <= base + args.turns * 0.75 else 'NOT met'})")
+    if paired:
+        # Step 0 carries the trainer's warm-up; the pairs are the steps after it.
+        st, lat = paired["steps_s"][1:], paired["step_latency_s"][1:]
+        by_latency = [dict(zip(lat[i:i + 2], st[i:i + 2])) for i in range(0, len(st) - 1, 2)]
+        pairs = [(p[0.0], p[args.latency]) for p in by_latency]  # (no-latency step s, latency step s)
+        added = sorted(b - a for a, b in pairs)
+        median = statistics.median(added)
+        allowed = args.turns * 0.75
+        print(f"paired steps (no latency / {args.latency:g} s): " + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in pairs))
+        print(f"in-process, concurrent: median step time added by the tools {median:.2f} s over {len(pairs)} pairs "
+              f"(range {added[0]:.2f} to {added[-1]:.2f}); target <= {args.turns} x 0.75 s = {allowed:.2f} s "
+              f"({'met' if median <= allowed else 'NOT met'})")
     s, c = rows["in-process, serial"], rows["in-process, concurrent"]
     print(f"serial/concurrent tool wait per turn: {s['tool_wait_per_turn_s'] / c['tool_wait_per_turn_s']:.1f} x")
     if not args.no_ray:
