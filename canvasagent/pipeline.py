@@ -6,9 +6,9 @@ Runs offline on a CPU machine with the tiny Qwen3-VL and only tools that really 
 By default (`data: mixed`, configs/pipeline/default.yaml) it trains on two sources together: the
 scripted Crop/Flip/Rotate tasks and a small CanvasCraft build of single-tool offline chains
 (OCR, Flip, Rotate, SR); held-out tasks of both are evaluated and reported per source.
-Each stage writes `<out>/<stage>/done.json` when it finishes; a rerun skips finished stages, and
-training stages resume from their last checkpoint, so an interrupted pipeline loses at most the
-steps since the last save.
+The stages run through `canvasagent.stage_runner.StagedRun`: each writes `<out>/<stage>/done.json`
+when it finishes; a rerun skips finished stages, and training stages resume from their last
+checkpoint, so an interrupted pipeline loses at most the steps since the last save.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from canvasagent.stage_runner import run_stage
+from canvasagent.stage_runner import StagedRun, train
 
 log = logging.getLogger(__name__)
 
@@ -100,19 +100,6 @@ def offline_tools() -> list[str]:
     return [t.name for t in tools("canvasagent") if t.backend is Backend.PURE or t.name in served]
 
 
-def _done(path: Path) -> dict[str, Any] | None:
-    f = path / "done.json"
-    return json.loads(f.read_text()) if f.exists() else None
-
-
-def _mark(path: Path, data: dict[str, Any]) -> dict[str, Any]:
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / "done.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path / "done.json")
-    return data
-
-
 class Pipeline:
     def __init__(self, cfg: PipelineConfig):
         from canvasagent.training.config import TrainConfig
@@ -138,7 +125,7 @@ class Pipeline:
             "data.seed": 1000 * seed + 1, "run.init_from": str(self.out / "sft" / "final"),
             **grpo_data, **cfg.grpo_overrides,
         })
-        self.timings: dict[str, float] = {}
+        self.stages = StagedRun(self.out, "pipeline")
 
     def policy_tools(self) -> list[str]:
         """The offline tools the tasks use: those of the CanvasCraft chains the mix keeps, plus the
@@ -250,61 +237,34 @@ class Pipeline:
 
         return self._evaluate(Path(resolve_model_path(self.sft)), "eval_base", limit=self.cfg.n_eval_base)
 
-    def stage_sft(self) -> dict[str, Any]:
-        from canvasagent.training import run
-
-        self.sft.run.resume = True  # a no-op on a fresh dir; continues an interrupted stage
-        s = run(self.sft)
-        return {k: v for k, v in s.items() if k != "log_history"}
-
-    def stage_eval_sft(self) -> dict[str, Any]:
-        return self._evaluate(self.out / "sft" / "final", "eval_sft")
-
-    def stage_grpo(self) -> dict[str, Any]:
-        from canvasagent.training import run
-
-        self.grpo.run.resume = True
-        s = run(self.grpo)
-        return {k: v for k, v in s.items() if k != "log_history"}
-
-    def stage_eval_grpo(self) -> dict[str, Any]:
-        return self._evaluate(self.out / "grpo" / "final", "eval_grpo")
-
     def stage_report(self) -> dict[str, Any]:
         from canvasagent.training.report import write_report
 
-        results = {s: _done(self.out / s) for s in STAGES if s != "report"}
+        results = {s: self.stages.done(s) for s in STAGES if s != "report"}
         return write_report(self.out, results)
 
     # -- driver ------------------------------------------------------------------------------------
-    def run(self, only: list[str] | None = None, on_stage: Callable[[str, dict], None] | None = None,
-            isolate: bool = True) -> dict[str, Any]:
-        """Run the stages not done yet, in order. With `isolate` (the default) every stage but the
-        report runs in a fresh subprocess (`canvasagent.stage_runner.run_stage`), so what a stage
+    def plan(self) -> dict[str, tuple]:
+        """Each of `STAGES`: its callable and arguments."""
+        return {"data": (self.stage_data,), "eval_base": (self.stage_eval_base,), "sft": (train, self.sft),
+                "eval_sft": (self._evaluate, self.out / "sft" / "final", "eval_sft"), "grpo": (train, self.grpo),
+                "eval_grpo": (self._evaluate, self.out / "grpo" / "final", "eval_grpo"), "report": (self.stage_report,)}
+
+    def run(self, only: list[str] | None = None, isolate: bool = True) -> dict[str, Any]:
+        """Run the stages not done yet, in order; the report is redrawn every time. With `isolate`
+        (the default) every stage but the report runs in a fresh subprocess, so what a stage
         loaded (tool backends, torch and TRL state, allocator slack) is gone before the next one
         starts. Each stage's `done.json` records its time and the peak RSS of the pipeline's
         processes (this one plus the stage's subprocess) while it ran: `peak_rss_mb`,
         `peak_anon_mb`."""
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "pipeline_config.json").write_text(json.dumps(asdict(self.cfg), indent=2))
-        results: dict[str, Any] = {}
+        plan, results = self.plan(), {}
         for stage in STAGES:
-            if only and stage not in only:
+            if (only and stage not in only) or (stage == "eval_base" and self.cfg.skip_base_eval):
                 continue
-            if stage == "eval_base" and self.cfg.skip_base_eval:
-                continue
-            prev = _done(self.out / stage)
-            if prev is not None and stage != "report":
-                log.info("[pipeline] %s: done already, skipping", stage)
-                results[stage] = prev
-                continue
-            log.info("[pipeline] %s: starting%s", stage, " (subprocess)" if isolate and stage != "report" else "")
-            run = run_stage(getattr(self, f"stage_{stage}"), isolate=isolate and stage != "report")
-            data = {**run.value, "seconds": run.seconds, **run.peaks}
-            results[stage] = _mark(self.out / stage, data)
-            log.info("[pipeline] %s: finished in %.1fs, peak RSS %s MB", stage, data["seconds"], data.get("peak_rss_mb"))
-            if on_stage:
-                on_stage(stage, data)
+            fn, *args = plan[stage]
+            results[stage] = self.stages.run(stage, fn, *args, isolate=isolate and stage != "report", rerun=stage == "report")
         return results
 
 
