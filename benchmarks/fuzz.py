@@ -301,7 +301,7 @@ class Pipeline:
             t.broken("rule reward outside [0, 1]", f"{rule.r_rule} for {replies!r:.300}")
         if self.hybrid is not None and self.n % self.hybrid_every == 0:
             ok, flat = guarded(t, "hybrid", replies, lambda: self.hybrid.score(back))
-            if ok and not (0.0 <= flat["total"] <= 1.0):
+            if ok and not (0.0 <= flat["hybrid"] <= 1.0):
                 t.broken("hybrid total outside [0, 1]", f"{flat} for {replies!r:.300}")
         ok, rep = guarded(t, "replay", replies, lambda: replay(from_trajectory(back), self.toolboxes[profile]))
         if ok:

@@ -13,7 +13,7 @@ Modules:
 * `rewards.config` — the dataclasses behind `configs/reward/{paper,no-outcome,no-process,public-code}.yaml`.
 
     from rewards import HybridReward, score_rule
-    flat = HybridReward("paper").score(trajectory)   # {"total": ..., "rule/format/json": ..., ...}
+    flat = HybridReward("paper").score(trajectory)   # {"hybrid": ..., "rule/format/json": ..., ...}
     score_rule(trajectory).r_rule
 
 CLI: `canvasagent reward TRAJ [--preset NAME] [--judge offline|http|local] [--json]`, and

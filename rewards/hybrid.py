@@ -4,7 +4,8 @@
                        E = quality(final) · A where the task has an input image (`aes_gate`)
     public_code mode:  see `PublicCodeConfig` (weights, coverage/depth bonuses, fatal gate)
 
-`HybridReward.score(traj)` returns one flat `dict[str, float]`: `total`, the four components,
+`HybridReward.score(traj)` returns one flat `dict[str, float]` in the reward vocabulary:
+`hybrid` (the total, `HYBRID`), the four components (`COMPONENTS`),
 and every sub-term (`rule/format/json`, `rule/p_eff/repeat`, `aes/sharpness`, `align/fallback`,
 ...), ready for a logger. `score_many` scores a batch with the judges running concurrently.
 
@@ -20,7 +21,7 @@ logs each separately. They find each sample's trajectory in the kwargs:
 A sample without a trajectory gets None (TRL turns it into NaN and ignores it). The batch is
 scored once, on the first function called, and cached, so the other functions are free.
 `trl_reward_setup(hybrid)` gives `(functions, reward_weights)` such that TRL's weighted sum is
-exactly `total` (paper mode), or `total` plus zero-weighted components for logging
+exactly `hybrid` (paper mode), or `hybrid` plus zero-weighted components for logging
 (public_code mode, which is not a weighted sum).
 """
 
@@ -41,7 +42,23 @@ from toolserver.registry import REGISTRY, OutputKind
 
 log = logging.getLogger(__name__)
 
+# The reward vocabulary: `hybrid` is the total (paper Eq. 1, or the public-code formula), the
+# components are the paper's R_align, R_aes, R_traj and R_rule; sub-terms are `<component>/<term>`.
+HYBRID = "hybrid"
 COMPONENTS = ("align", "aes", "traj", "rule")
+# Names older result files use for the total; `canonical_scores` reads them as `hybrid`.
+LEGACY_TOTALS = ("total", "overall")
+
+
+def canonical_scores(scores: dict[str, Any]) -> dict[str, Any]:
+    """A saved score dict in the reward vocabulary: a legacy total name (`LEGACY_TOTALS`) becomes
+    `hybrid` when `hybrid` is absent, and the legacy names are dropped; other keys are kept as they are."""
+    out = {k: v for k, v in scores.items() if k not in LEGACY_TOTALS}
+    if HYBRID not in out:
+        legacy = next((scores[k] for k in LEGACY_TOTALS if k in scores), None)
+        if legacy is not None:
+            out[HYBRID] = legacy
+    return out
 _ASPECT_OF = {v: k for k, v in COMPONENT_OF.items()}
 
 
@@ -83,14 +100,14 @@ class HybridReward:
     # -- weights -----------------------------------------------------------------------------
     @property
     def weights(self) -> dict[str, float]:
-        """Component -> weight such that Σ weight·component = total. Public-code mode is not a
-        weighted sum of the components, so there the total itself carries weight 1."""
+        """Component -> weight such that Σ weight·component = `hybrid`. Public-code mode is not a
+        weighted sum of the components, so there `hybrid` itself carries weight 1."""
         if self.cfg.mode == "public_code":
-            return {"total": 1.0}
+            return {HYBRID: 1.0}
         return {c: self.weight(c) for c in COMPONENTS}
 
     def components(self, traj: Trajectory) -> dict[str, float]:
-        """Alias of `score` (the flat dict holds the components, the total and every sub-term)."""
+        """Alias of `score` (the flat dict holds the components, `hybrid` and every sub-term)."""
         return self.score(traj)
 
     def weight(self, component: str) -> float:
@@ -136,8 +153,8 @@ class HybridReward:
         return [o if o is not None else self._invalid("unscored") for o in out]
 
     def _invalid(self, reason: str) -> dict[str, float]:
-        log.warning("hybrid reward: %s -> total 0", reason)
-        flat = {"total": 0.0, **{c: 0.0 for c in COMPONENTS}, "invalid": 1.0}
+        log.warning("hybrid reward: %s -> 0", reason)
+        flat = {HYBRID: 0.0, **{c: 0.0 for c in COMPONENTS}, "invalid": 1.0}
         return flat
 
     def _combine(self, traj: Trajectory, judged: dict[str, JudgeResult]) -> dict[str, float]:
@@ -168,7 +185,7 @@ class HybridReward:
         if self.cfg.mode == "public_code":
             flat.update(self._public_code(traj, comp, rule))
         else:
-            flat["total"] = sum(self.weight(c) * comp[c] for c in COMPONENTS)
+            flat[HYBRID] = sum(self.weight(c) * comp[c] for c in COMPONENTS)
         flat["fallbacks"] = float(fallbacks)
         for k, v in list(flat.items()):  # a logger must never receive NaN or inf from us
             if not math.isfinite(v):
@@ -208,7 +225,7 @@ class HybridReward:
         if reasons:
             log.info("public-code fatal gate on %s: %s", traj.task.id, ", ".join(reasons))
         return {
-            "total": gate * _clip01(raw),
+            HYBRID: gate * _clip01(raw),
             "public/outcome": outcome,
             "public/process": process,
             "public/coverage": coverage,
@@ -271,8 +288,8 @@ def trajectories_from_kwargs(n: int, kwargs: dict[str, Any]) -> list[Trajectory 
     return out
 
 
-def reward_functions(hybrid: HybridReward, components: Iterable[str] = ("total", *COMPONENTS)) -> list[Callable[..., list[float | None]]]:
-    """One TRL reward function per component (`reward_total`, `reward_align`, ...)."""
+def reward_functions(hybrid: HybridReward, components: Iterable[str] = (HYBRID, *COMPONENTS)) -> list[Callable[..., list[float | None]]]:
+    """One TRL reward function per component (`reward_hybrid`, `reward_align`, ...)."""
 
     def make(component: str) -> Callable[..., list[float | None]]:
         def fn(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
@@ -295,9 +312,9 @@ def trl_reward_setup(hybrid: HybridReward) -> tuple[list[Callable[..., list[floa
 
     Paper mode: the four components weighted as the preset says, so TRL's weighted sum is the
     hybrid total and each component is logged. Public-code mode is not a weighted sum, so
-    `reward_total` carries weight 1 and the components weight 0 (logged only).
+    `reward_hybrid` carries weight 1 and the components weight 0 (logged only).
     """
     if hybrid.cfg.mode == "paper":
         return reward_functions(hybrid, COMPONENTS), [hybrid.weight(c) for c in COMPONENTS]
-    funcs = reward_functions(hybrid, ("total", *COMPONENTS))
+    funcs = reward_functions(hybrid, (HYBRID, *COMPONENTS))
     return funcs, [1.0] + [0.0] * len(COMPONENTS)

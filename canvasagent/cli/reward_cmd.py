@@ -1,6 +1,6 @@
 """`canvasagent reward TRAJ [--preset NAME] [--judge offline|http|local] [--json]` and `--batch DIR`.
 
-One trajectory: prints the hybrid breakdown (total, components, every sub-term).
+One trajectory: prints the hybrid breakdown (`hybrid`, its components, every sub-term).
 A batch: scores every `trajectory.json` under DIR and writes `rewards.csv` (one row per
 trajectory, one column per term) and `rewards.png` (bar chart of the component means).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_CHART_KEYS = ("total", "align", "aes", "traj", "rule", "rule/format", "rule/action", "rule/p_eff")
+_CHART_KEYS = ("hybrid", "align", "aes", "traj", "rule", "rule/format", "rule/action", "rule/p_eff")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,10 +60,12 @@ def _print_table(flat: dict[str, float], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from rewards.hybrid import COMPONENTS
+
     table = Table(title=title, show_lines=False)
     table.add_column("term")
     table.add_column("value", justify="right")
-    order = ["total", "align", "aes", "traj", "rule"]
+    order = ["hybrid", *COMPONENTS]
     for k in order + sorted(k for k in flat if k not in order):
         if k in flat:
             style = "bold" if k in order else None

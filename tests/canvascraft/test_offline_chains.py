@@ -101,10 +101,10 @@ def test_oracle_succeeds_where_doing_nothing_and_one_wrong_parameter_fail(offlin
         good, good_res = _play(task, "oracle", toolbox, reward)
         assert good_res.success and good["align/passed"] == 1.0, (row["chain"], good)
         bad, bad_res = _play(task, "terminate", toolbox, reward)
-        assert not bad_res.success and bad["align/passed"] == 0.0 and bad["total"] < good["total"] - 0.5, (row["chain"], bad)
+        assert not bad_res.success and bad["align/passed"] == 0.0 and bad["hybrid"] < good["hybrid"] - 0.5, (row["chain"], bad)
         wrong, wrong_res = _play(task, "oracle_wrong_param", toolbox, reward)
         assert not wrong_res.success and wrong["align/passed"] == 0.0, (row["chain"], wrong)
-        assert wrong["total"] < good["total"], (row["chain"], wrong, good)
+        assert wrong["hybrid"] < good["hybrid"], (row["chain"], wrong, good)
 
 
 def test_an_rgba_cutout_input_replaces_extract():
@@ -158,4 +158,4 @@ def test_composed_longer_tasks_keep_exact_parameter_checks(tmp_path, scoring):
         good, good_res = _play(task, "oracle", toolbox, reward)
         wrong, wrong_res = _play(task, "oracle_wrong_param", toolbox, reward)
         assert good_res.success and good["align/passed"] == 1.0, (row["chain"], good)
-        assert not wrong_res.success and wrong["total"] < good["total"], (row["chain"], wrong)
+        assert not wrong_res.success and wrong["hybrid"] < good["hybrid"], (row["chain"], wrong)

@@ -49,7 +49,7 @@ def test_rows_carry_reference_calls_and_the_oracle_passes_every_check(offline_rl
             good, good_res = _play(task, "oracle", toolbox, reward)
             bad, bad_res = _play(task, "terminate", toolbox, reward)
             assert good_res.success and good["align/passed"] == 1.0, (row["chain"], good)
-            assert not bad_res.success and bad["align"] == 0.0 and bad["total"] < good["total"] - 0.5
+            assert not bad_res.success and bad["align"] == 0.0 and bad["hybrid"] < good["hybrid"] - 0.5
             if row["chain"] != "Flip":  # always-Flip is right on a mirrored-text task
                 wrong, wrong_res = _play(task, "flip", toolbox, reward)
                 assert not wrong_res.success and wrong["align"] < 0.2, (row["chain"], wrong)

@@ -131,7 +131,7 @@ def test_any_replies_survive_step_save_reward_and_replay(hybrid, reply_list, inp
     rule = score_rule(back)
     assert 0.0 <= rule.r_rule <= 1.0
     flat = hybrid.score(back)
-    assert 0.0 <= flat["total"] <= 1.0 and all(math.isfinite(v) for v in flat.values())
+    assert 0.0 <= flat["hybrid"] <= 1.0 and all(math.isfinite(v) for v in flat.values())
     again, report = replay(from_trajectory(back), TOOLBOXES[profile])
     for a, b in zip(traj.turns, again.turns):
         if a.call is not None and a.call.name in PURE:

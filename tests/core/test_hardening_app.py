@@ -48,13 +48,13 @@ def test_lone_surrogates_save_load_and_score(tmp_path):
         flat = h.score(back)
     finally:
         h.close()
-    assert 0.0 <= flat["total"] <= 1.0
+    assert 0.0 <= flat["hybrid"] <= 1.0
 
 
 def test_reward_and_replay_cli_read_a_surrogate_record(tmp_path, capsys):
     _surrogate_traj().save(tmp_path / "t")
     assert main(["reward", str(tmp_path / "t"), "--json"]) == 0
-    assert "total" in json.loads(capsys.readouterr().out)
+    assert "hybrid" in json.loads(capsys.readouterr().out)
     assert main(["replay", str(tmp_path / "t"), "--out", str(tmp_path / "r")]) == 0
     report = json.loads((tmp_path / "r" / "report.json").read_text(encoding="utf-8"))
     assert report["steps"][0]["arguments"]["note"] == "\udfff" and report["summary"]["pixel_matches"] == "1/1"

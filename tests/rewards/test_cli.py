@@ -21,10 +21,10 @@ def test_single_json(tmp_path, capsys):
     root = _save(tmp_path)
     assert main(["reward", str(root / "a"), "--json"]) == 0
     flat = json.loads(capsys.readouterr().out)
-    assert flat["total"] == flat["total"] and 0 <= flat["total"] <= 1
+    assert flat["hybrid"] == flat["hybrid"] and 0 <= flat["hybrid"] <= 1
     assert "rule/p_eff/miss" in flat and "aes/sharpness" in flat
     assert main(["reward", str(root / "a" / "trajectory.json"), "--preset", "no-process"]) == 0
-    assert "total" in capsys.readouterr().out
+    assert "hybrid" in capsys.readouterr().out
 
 
 def test_batch_writes_csv_and_png(tmp_path, capsys):
@@ -32,7 +32,7 @@ def test_batch_writes_csv_and_png(tmp_path, capsys):
     assert main(["reward", "--batch", str(root), "--out", str(tmp_path / "report"), "--preset", "public-code"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "report" / "rewards.csv")))
     assert [r["trajectory"] for r in rows] == ["a", "b"]
-    assert float(rows[0]["total"]) > float(rows[1]["total"])
+    assert float(rows[0]["hybrid"]) > float(rows[1]["hybrid"])
     assert (tmp_path / "report" / "rewards.png").stat().st_size > 1000
 
 

@@ -109,7 +109,7 @@ def test_hybrid_with_http_judge(traj):
         cfg.judges = judge_cfg(srv.base_url)
         flat = HybridReward(cfg).score(traj)
     assert flat["align"] == flat["aes"] == flat["traj"] == 1.0
-    assert flat["total"] == pytest.approx(0.3 + 0.1 + 0.2 + 0.4 * flat["rule"])
+    assert flat["hybrid"] == pytest.approx(0.3 + 0.1 + 0.2 + 0.4 * flat["rule"])
     assert flat["fallbacks"] == 0
 
 

@@ -40,7 +40,7 @@ def trajs():
 
 def test_flat_dict_has_total_components_and_subterms(trajs):
     flat = HybridReward("paper").score(trajs[1])
-    for k in ("total", *COMPONENTS, "rule/format/json", "rule/action/ref", "rule/p_eff/repeat", "aes/sharpness",
+    for k in ("hybrid", *COMPONENTS, "rule/format/json", "rule/action/ref", "rule/p_eff/repeat", "aes/sharpness",
               "traj/order", "align/fallback", "fallbacks"):
         assert k in flat, k
     assert all(isinstance(v, float) and math.isfinite(v) for v in flat.values())
@@ -51,15 +51,15 @@ def test_paper_mode_presets_are_weighted_sums(trajs, preset):
     h = HybridReward(preset)
     w = RewardConfig.load(preset).weights
     for flat in h.score_many(trajs):
-        assert flat["total"] == A(w.align * flat["align"] + w.aes * flat["aes"] + w.traj * flat["traj"] + w.rule * flat["rule"])
+        assert flat["hybrid"] == A(w.align * flat["align"] + w.aes * flat["aes"] + w.traj * flat["traj"] + w.rule * flat["rule"])
 
 
 def test_presets_differ_exactly_by_their_weights(trajs):
     paper, no_out, no_proc = (HybridReward(p).score_many(trajs) for p in ("paper", "no-outcome", "no-process"))
     for p, o, q in zip(paper, no_out, no_proc):
         assert {c: p[c] for c in COMPONENTS} == {c: o[c] for c in COMPONENTS} == {c: q[c] for c in COMPONENTS}
-        assert p["total"] - o["total"] == A(0.3 * p["align"] + 0.1 * p["aes"])
-        assert p["total"] - q["total"] == A(0.2 * p["traj"] + 0.4 * p["rule"])
+        assert p["hybrid"] - o["hybrid"] == A(0.3 * p["align"] + 0.1 * p["aes"])
+        assert p["hybrid"] - q["hybrid"] == A(0.2 * p["traj"] + 0.4 * p["rule"])
 
 
 def test_public_code_preset_formula(trajs):
@@ -67,11 +67,11 @@ def test_public_code_preset_formula(trajs):
         outcome = 0.3 * f["align"] + 0.1 * f["aes"]
         proc = 0.6 * min(1.0, (0.3 * f["traj"] + 0.15 * f["rule/format"] + 0.15 * f["rule/action"] + f["public/coverage"] + f["public/depth"]) / 0.92)
         assert f["public/outcome"] == A(outcome) and f["public/process"] == A(proc)
-        assert f["total"] == A(f["public/gate"] * min(1.0, max(0.0, outcome + proc - f["rule/p_eff"])))
+        assert f["hybrid"] == A(f["public/gate"] * min(1.0, max(0.0, outcome + proc - f["rule/p_eff"])))
     full = HybridReward("public-code").score(trajs[1])
     assert full["public/coverage"] == A(0.10) and full["public/depth"] == A(0.22) and full["public/gate"] == 1.0
     gated = HybridReward("public-code").score(trajs[3])  # no executable call for a task that expects one
-    assert gated["public/gate"] == 0.0 and gated["total"] == 0.0
+    assert gated["public/gate"] == 0.0 and gated["hybrid"] == 0.0
 
 
 def test_public_code_format_subweights(trajs):
@@ -84,7 +84,7 @@ def test_custom_yaml_preset(tmp_path, trajs):
     p = tmp_path / "align-only.yaml"
     p.write_text("name: align-only\nweights: {align: 1.0, aes: 0.0, traj: 0.0, rule: 0.0}\n")
     flat = HybridReward(p).score(trajs[0])
-    assert flat["total"] == flat["align"]
+    assert flat["hybrid"] == flat["align"]
     with pytest.raises(ValueError):
         bad = tmp_path / "typo.yaml"
         bad.write_text("weights: {allign: 1.0}\n")
@@ -103,7 +103,7 @@ def test_trl_functions_read_environments_and_sum_to_total(trajs):
     assert all(col[2] is None for col in cols)  # no trajectory: None, which TRL turns into NaN
     for i in range(2):
         summed = sum(w * col[i] for w, col in zip(weights, cols))
-        assert summed == A(h.score(trajs[i])["total"])
+        assert summed == A(h.score(trajs[i])["hybrid"])
     misses = h.stats()["judge/cache_misses"]
     funcs[0](prompts=[None], completions=[""], trajectories=[trajs[0]])
     assert h.stats()["judge/cache_misses"] == misses  # memoised: scored once per batch
@@ -111,7 +111,7 @@ def test_trl_functions_read_environments_and_sum_to_total(trajs):
 
 def test_trl_public_code_logs_components_with_zero_weight():
     funcs, weights = trl_reward_setup(HybridReward("public-code"))
-    assert [f.__name__ for f in funcs][0] == "reward_total" and weights == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert [f.__name__ for f in funcs][0] == "reward_hybrid" and weights == [1.0, 0.0, 0.0, 0.0, 0.0]
     assert reward_functions(HybridReward("paper"), ["rule"])[0].__name__ == "reward_rule"
 
 
@@ -120,7 +120,7 @@ def test_trl_public_code_logs_components_with_zero_weight():
 
 def _finite_in_range(flat):
     assert all(math.isfinite(v) for v in flat.values())
-    assert 0.0 <= flat["total"] <= 1.0
+    assert 0.0 <= flat["hybrid"] <= 1.0
     for c in COMPONENTS:
         assert 0.0 <= flat[c] <= 1.0
 
@@ -144,7 +144,7 @@ def test_bad_inputs_give_defined_scores_and_reasons(caplog):
     assert h.score(cases["no tool call"])["rule/action"] == 0.0
     assert any("no_tool_call" in r.getMessage() for r in caplog.records)
     invalid = h.score(None)  # not a trajectory at all
-    assert invalid["total"] == 0.0 and invalid["invalid"] == 1.0
+    assert invalid["hybrid"] == 0.0 and invalid["invalid"] == 1.0
 
 
 def _dead_url() -> str:
@@ -171,18 +171,18 @@ def test_unreachable_or_non_numeric_judge_gives_fallback_total(trajs, reply, cap
     # and the aesthetic fallback is gated by it.
     assert flat["fallbacks"] == 3 and flat["traj"] == A(0.3) and flat["aes/raw"] == A(0.3)
     assert flat["align"] == A(flat["align/checks_score"]) and flat["aes"] == A(0.3 * flat["align"])
-    assert flat["total"] == A(0.3 * flat["align"] + 0.1 * flat["aes"] + 0.2 * 0.3 + 0.4 * flat["rule"])
+    assert flat["hybrid"] == A(0.3 * flat["align"] + 0.1 * flat["aes"] + 0.2 * 0.3 + 0.4 * flat["rule"])
 
 
 def test_compat_api_for_trainers(trajs, tmp_path):
     h = HybridReward.from_preset("no-outcome", judge="offline")
     assert h.weights == {"align": 0.0, "aes": 0.0, "traj": 0.2, "rule": 0.4}
     comps = h.components(trajs[0])
-    assert sum(w * comps[k] for k, w in h.weights.items()) == A(comps["total"])
+    assert sum(w * comps[k] for k, w in h.weights.items()) == A(comps["hybrid"])
     pc = HybridReward.from_preset("public-code")
-    assert pc.weights == {"total": 1.0}
+    assert pc.weights == {"hybrid": 1.0}
     trajs[0].save(tmp_path / "t0")
-    fn = reward_functions(h, ["total"])[0]
+    fn = reward_functions(h, ["hybrid"])[0]
     assert fn(prompts=[None, None], completions=["", ""], trajectories=[str(tmp_path / "t0"), str(tmp_path / "nope")])[1] is None
 
 
@@ -190,5 +190,5 @@ def test_training_can_skip_unweighted_judges(trajs):
     h = HybridReward("no-process", judge_unweighted=False)
     flat = h.score(trajs[0])
     assert flat["traj/skipped"] == 1.0 and flat["traj"] == 0.0
-    assert flat["total"] == A(0.3 * flat["align"] + 0.1 * flat["aes"])
+    assert flat["hybrid"] == A(0.3 * flat["align"] + 0.1 * flat["aes"])
     assert h.stats()["judge/trajectory/calls"] == 0

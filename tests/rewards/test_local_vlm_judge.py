@@ -29,7 +29,7 @@ def test_logits_mode_scores_every_aspect(tiny_qwen3vl_dir, traj):  # noqa: F811
         assert 0.0 <= flat[c] <= 1.0 and math.isfinite(flat[c])
         assert flat[f"{c}/fallback"] == 0.0  # a digit distribution always yields a number
         assert 0.0 < flat[f"{c}/p_max"] <= 1.0
-    assert flat["total"] == pytest.approx(0.3 * flat["align"] + 0.1 * flat["aes"] + 0.2 * flat["traj"] + 0.4 * flat["rule"])
+    assert flat["hybrid"] == pytest.approx(0.3 * flat["align"] + 0.1 * flat["aes"] + 0.2 * flat["traj"] + 0.4 * flat["rule"])
     again = h.judge.judge("alignment", TrajectoryView.of(traj))
     assert again.cached and again.score == pytest.approx(flat["align"])
 

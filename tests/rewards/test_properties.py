@@ -82,6 +82,6 @@ def test_hybrid_scores_are_finite_and_in_range(replies, expected, preset):
     traj = run(replies, expected=expected, checks=checks, max_turns=6)
     flat = HYBRIDS[preset].score(traj)
     assert all(isinstance(v, float) and math.isfinite(v) for v in flat.values())
-    assert 0.0 <= flat["total"] <= 1.0
+    assert 0.0 <= flat["hybrid"] <= 1.0
     for c in COMPONENTS:
         assert 0.0 <= flat[c] <= 1.0
