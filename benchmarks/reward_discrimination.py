@@ -4,7 +4,7 @@ Runs the oracle and a family of wrong policies (all `scripted:NAME` specs) on ta
 source — scripted Crop/Flip/Rotate, CanvasCraft single-tool chains whose tools run offline
 (OCR, Flip, Rotate, Overlay, SR) and EASEL stroke reconstruction — through the episode runner,
 scores every trajectory with the hybrid reward (paper preset, offline judges) and prints, per
-source and policy, the overall score, each component and the strict success rate, then the
+source and policy, the hybrid reward, each component and the strict success rate, then the
 pairwise AUC (how often the oracle's trajectory outscores a wrong one on the same task) and the
 targets with PASS/FAIL. A trivial policy whose result is the oracle's (always-Flip on a task that
 asks for a flip) is right there: such pairs are counted in "tasks (wrong)" and "success, all
@@ -40,7 +40,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 ORACLE = "oracle"
 WRONG = ("oracle_wrong_param", "terminate", "flip", "rotate90", "crop_center", "garbage")
 TRIVIAL = ("terminate", "flip", "rotate90", "crop_center", "garbage")
-COMPONENTS = ("overall", "align", "aes", "traj", "rule")
+COMPONENTS = ("hybrid", "align", "aes", "traj", "rule")
 CC_MIX = {"single": 0, "hard": 0, "OCR": 1, "Flip": 1, "Rotate": 1, "Overlay": 1, "SR": 1}
 
 
@@ -143,15 +143,13 @@ def run_all(n: int, work: Path, chains: str = "single", only: tuple[str, ...] = 
 
 def score_all(runs: list[dict[str, Any]]) -> None:
     from canvasagent.evaluation.metrics import task_result
-    from canvasagent.evaluation.scoring import normalise_keys
-    from rewards.hybrid import HybridReward
+    from canvasagent.evaluation.scoring import make_scorer
 
-    reward = HybridReward.from_preset("paper", judge="offline")
+    scorer = make_scorer("paper", "offline", every_judge=True)
     for r in runs:
-        s = normalise_keys(reward.score(r["traj"]))
+        s = scorer(r["traj"])
         r["scores"] = s
         r["success"] = task_result(r["traj"], s, 0.5).success
-    reward.close()
 
 
 def _mean(xs: list[float]) -> float:
@@ -180,7 +178,7 @@ def table(runs: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     for r in runs:
         by[(r["source"], r["policy"])].append(r)
     sources = sorted({r["source"] for r in runs}, key=["scripted", "canvascraft", "easel"].index)
-    lines = ["| source | policy | tasks (wrong) | overall | align | aes | traj | rule | success | success, all tasks | AUC vs oracle |",
+    lines = ["| source | policy | tasks (wrong) | hybrid | align | aes | traj | rule | success | success, all tasks | AUC vs oracle |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     stats: dict[str, Any] = {}
     for src in sources:
@@ -191,8 +189,8 @@ def table(runs: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
             m = {c: _mean([r["scores"].get(c, 0.0) for r in rs]) for c in COMPONENTS}
             m["success"] = _mean([float(r["success"]) for r in rs])
             m["success_all"] = _mean([float(r["success"]) for r in rs_all])
-            o_of = {t: r["scores"]["overall"] for t, r in oracle.items()}
-            pairs = [1.0 if o_of[r["task"]] > r["scores"]["overall"] else 0.5 if o_of[r["task"]] == r["scores"]["overall"] else 0.0
+            o_of = {t: r["scores"]["hybrid"] for t, r in oracle.items()}
+            pairs = [1.0 if o_of[r["task"]] > r["scores"]["hybrid"] else 0.5 if o_of[r["task"]] == r["scores"]["hybrid"] else 0.0
                      for r in rs] if pol != ORACLE else []
             m["auc"] = _mean(pairs)
             m["pairs"] = pairs
@@ -217,9 +215,9 @@ def targets(stats: dict[str, Any]) -> list[str]:
             m = stats[(src, pol)]
             ref = m["oracle"]
             margin = 0.2 if pol == "oracle_wrong_param" else 0.35
-            ok = m["overall"] <= ref["overall"] - margin and (pol == "oracle_wrong_param" or m["success"] <= 0.1)
+            ok = m["hybrid"] <= ref["hybrid"] - margin and (pol == "oracle_wrong_param" or m["success"] <= 0.1)
             worst = max(m[c] - ref[c] for c in COMPONENTS[1:])
-            cond = f"overall {m['overall']:.3f} <= {ref['overall'] - margin:.3f}"
+            cond = f"hybrid {m['hybrid']:.3f} <= {ref['hybrid'] - margin:.3f}"
             if pol != "oracle_wrong_param":
                 cond = f"success {m['success']:.3f} <= 0.1, " + cond
             out.append(f"- {src}/{pol}: {cond}: {'PASS' if ok else 'FAIL'}; "

@@ -44,7 +44,7 @@ def evaluate_policy(
     judge_url: str | None = None,
 ) -> EvalOutcome:
     tasks = load_tasks(tasks_path, limit=limit)
-    scorer = scorer or make_scorer(judge, preset, judge_model, judge_url)
+    scorer = scorer or make_scorer(preset, judge, judge_model=judge_model, judge_url=judge_url, every_judge=True)
     factory = PolicyFactory(policy)
     if factory.spec.kind == "human" and config is not None and config.workers > 1:
         config.workers = 1  # one person answers one prompt at a time

@@ -1,7 +1,7 @@
 """The paper's evaluation metrics, aggregated from per-task results.
 
-Per task: the hybrid reward's overall score and its four components (alignment, aesthetic,
-trajectory, rule-based), and the trajectory length (tool calls made). Over a split: their means
+Per task: the hybrid reward `hybrid` and its four components `align`, `aes`, `traj`, `rule` (the
+reward vocabulary of `rewards.hybrid`), and the trajectory length (tool calls made). Over a split: their means
 (paper Tables 4-5), plus the success rate, stop reasons, reply validity and per-tool call
 statistics. Everything here reads saved results, so a report can be rebuilt without rerunning.
 """
@@ -14,10 +14,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from canvasagent.core.trajectory import Trajectory
+from rewards.hybrid import canonical_scores
 
 # (key in a task's scores, column header) in the paper's column order.
 PAPER_METRICS: tuple[tuple[str, str], ...] = (
-    ("overall", "Overall"),
+    ("hybrid", "Hybrid"),
     ("align", "Align."),
     ("aes", "Aes."),
     ("traj", "Traj."),
@@ -40,7 +41,7 @@ class TaskResult:
     """One evaluated task; saved as `result.json` next to its trajectory."""
 
     task_id: str
-    scores: dict[str, float] = field(default_factory=dict)  # flat: overall, align, …, sub-terms
+    scores: dict[str, float] = field(default_factory=dict)  # flat: hybrid, align, …, sub-terms
     stop_reason: str = ""
     n_turns: int = 0
     n_calls: int = 0
@@ -59,7 +60,9 @@ class TaskResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TaskResult":
+        """A saved result; scores saved under a legacy total name read as `hybrid` (`canonical_scores`)."""
         d = dict(d)
+        d["scores"] = canonical_scores(d.get("scores") or {})
         d["tool_calls"] = [ToolCallRecord(**c) for c in d.get("tool_calls", [])]
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
@@ -149,7 +152,7 @@ class Summary:
     valid_reply_rate: float
     stop_reasons: dict[str, int]
     tools: dict[str, ToolStats]
-    by_label: dict[str, dict[str, float]]  # "axis=value" -> mean overall
+    by_label: dict[str, dict[str, float]]  # "axis=value" -> {"hybrid": mean, "n": tasks}
     n_errors: int
     partial_credit: float = float("nan")  # mean share of verifiable checks passed
 
@@ -180,7 +183,7 @@ def summarize(results: list[TaskResult]) -> Summary:
     by_label: dict[str, list[float]] = defaultdict(list)
     for r in results:
         for axis, value in r.labels.items():
-            by_label[f"{axis}={value}"].append(r.scores.get("overall", float("nan")))
+            by_label[f"{axis}={value}"].append(r.scores.get("hybrid", float("nan")))
     return Summary(
         n_tasks=len(results),
         metrics=metrics,
@@ -189,7 +192,7 @@ def summarize(results: list[TaskResult]) -> Summary:
         valid_reply_rate=(sum(r.valid_replies for r in results) / turns) if turns else float("nan"),
         stop_reasons=dict(Counter(r.stop_reason for r in results)),
         tools=dict(sorted(tools.items())),
-        by_label={k: {"overall": _mean(v), "n": float(len(v))} for k, v in sorted(by_label.items())},
+        by_label={k: {"hybrid": _mean(v), "n": float(len(v))} for k, v in sorted(by_label.items())},
         n_errors=sum(1 for r in results if r.error),
         partial_credit=_mean(r.scores.get("align/pass_rate", float("nan")) for r in results),
     )

@@ -54,8 +54,8 @@ def render_markdown(summary: Summary, title: str, setting: str) -> str:
         tool_table(summary) if summary.tools else "_no tool calls_",
     ]
     if summary.by_label:
-        parts += ["", "## Overall by label", "", "| Label | Overall | n |", "|---|---|---|"]
-        parts += [f"| {k} | {_fmt(v['overall'])} | {int(v['n'])} |" for k, v in summary.by_label.items()]
+        parts += ["", "## Hybrid reward by label", "", "| Label | Hybrid | n |", "|---|---|---|"]
+        parts += [f"| {k} | {_fmt(v['hybrid'])} | {int(v['n'])} |" for k, v in summary.by_label.items()]
     return "\n".join(parts) + "\n"
 
 

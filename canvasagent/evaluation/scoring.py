@@ -1,69 +1,83 @@
-"""The bridge from evaluation to the reward package: one call per trajectory, a flat dict back.
+"""The one bridge from a trajectory to the reward package, used by GRPO, evaluation, the pipeline
+and the ablation grid.
 
-Evaluation never computes a reward itself; it asks `rewards` for the hybrid reward and
-its components under a preset and a judge kind, and reads the keys `overall, align, aes, traj,
-rule` (plus any sub-terms, kept for the report).
+A `HybridScorer` is a callable `trajectory -> dict[str, float]` in the reward vocabulary
+(`rewards.hybrid`): `hybrid` is the total, `align`, `aes`, `traj`, `rule` its components, and
+`<component>/<term>` their sub-terms. Every scorer's dict holds `hybrid`. The EASEL scorer
+(`easel_scorer`) adds `easel_s` (the final canvas's S) and the rule reward's `format` and
+`action` terms. `weights` maps the components GRPO optimises to their weights, so that
+Σ weight·component is `hybrid` (or `hybrid` itself carries weight 1 where the total is not a
+weighted sum). No caller computes a reward itself.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from canvasagent.core.trajectory import Trajectory
+from rewards.config import load_reward_config
+from rewards.hybrid import HYBRID, HybridReward
+from rewards.rule import score_rule
 
 log = logging.getLogger(__name__)
 
-Scorer = Callable[[Trajectory], dict[str, float]]
 JUDGES = ("offline", "http", "local")
-
-# Names the hybrid reward may use for its components, mapped to the paper's column keys.
-_ALIASES = {
-    "total": "overall",
-    "reward": "overall",
-    "hybrid": "overall",
-    "R": "overall",
-    "alignment": "align",
-    "R_align": "align",
-    "aesthetic": "aes",
-    "aesthetics": "aes",
-    "R_aes": "aes",
-    "trajectory": "traj",
-    "R_traj": "traj",
-    "rule_based": "rule",
-    "R_rule": "rule",
-}
+# The components an EASEL run can weight (`easel.reward_weights` keys): easel_s (final S; semantic
+# tasks: their score), format / action (the rule reward's R_format / R_action), rule (R_rule).
+EASEL_COMPONENTS = ("easel_s", "format", "action", "rule")
 
 
 class ScorerUnavailable(RuntimeError):
-    pass
+    """The preset or the judge a scorer needs cannot be had."""
 
 
-def normalise_keys(scores: dict[str, Any]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for k, v in scores.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue
-        out[k] = float(v)
-        key = _ALIASES.get(k)
-        if key and key not in scores:
-            out[key] = float(v)
-    return out
+@dataclass
+class HybridScorer:
+    """Scores a trajectory into named components and their total `hybrid`.
+
+    `weights`: component -> weight of GRPO's reward (one TRL function per key). `source` names
+    the scorer in reports. `max_fallback_share` and `on_excess_fallbacks` (drop | abort) come
+    from the preset's judges config: what GRPO does when too many of a step's rollouts were
+    scored by a judge fallback.
+    """
+
+    weights: dict[str, float]
+    score: Callable[[Trajectory], dict[str, float]]
+    source: str
+    max_fallback_share: float = 1.0
+    on_excess_fallbacks: str = "drop"
+
+    def __call__(self, traj: Trajectory) -> dict[str, float]:
+        return self.score(traj)
+
+    def total(self, scores: dict[str, float]) -> float:
+        """`scores["hybrid"]` when the scorer gave it, else Σ weight·component (missing: 0)."""
+        if HYBRID in scores:
+            return scores[HYBRID]
+        return sum(w * scores.get(k, 0.0) for k, w in self.weights.items())
 
 
-def make_scorer(judge: str = "offline", preset: str = "paper", judge_model: str | None = None, judge_url: str | None = None) -> Scorer:
-    """The hybrid reward as a scorer, under `preset` (configs/reward/) with the given judge kind.
+def numeric(scores: dict[str, Any]) -> dict[str, float]:
+    """The numeric entries of a score dict as floats (booleans and non-numbers dropped)."""
+    return {k: float(v) for k, v in scores.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
-    `judge_model` is the local judge's checkpoint or the HTTP judge's model name; `judge_url` the
-    HTTP judge's base URL. Unset, they come from the preset (and its environment variables).
+
+def make_scorer(preset: str = "paper", judge: str = "offline", toolbox: Any = None, judge_model: str | None = None,
+                judge_url: str | None = None, every_judge: bool = False) -> HybridScorer:
+    """The hybrid reward of `preset` (configs/reward/<preset>.yaml) under `judge` (offline | http | local).
+
+    `toolbox` is lent to judges that run tools. `judge_model` is the local judge's checkpoint or
+    the HTTP judge's model name, `judge_url` the HTTP judge's base URL; unset, they come from the
+    preset (and its environment variables). `every_judge=False` (training) skips judges whose
+    weight is 0; True (evaluation reports) scores every component. Raises ValueError for an
+    unknown judge kind and `ScorerUnavailable` for a missing preset or a local judge without a
+    checkpoint.
     """
     if judge not in JUDGES:
         raise ValueError(f"unknown judge {judge!r}; use one of {', '.join(JUDGES)}")
-    try:
-        from rewards.config import load_reward_config
-        from rewards.hybrid import HybridReward
-    except ImportError as e:
-        raise ScorerUnavailable(f"the hybrid reward is not available ({e}); evaluation needs rewards.hybrid") from e
     try:
         cfg = load_reward_config(preset)
     except FileNotFoundError as e:
@@ -76,9 +90,27 @@ def make_scorer(judge: str = "offline", preset: str = "paper", judge_model: str 
         cfg.judges.http.base_url = judge_url
     if judge == "local" and not cfg.judges.local.model:
         raise ScorerUnavailable("--judge local needs a checkpoint: pass --judge-model PATH (or set judges.local.model in the preset)")
-    reward = HybridReward(cfg)
+    reward = HybridReward(cfg, toolbox=toolbox, judge_unweighted=every_judge)
+    j = cfg.judges
+    return HybridScorer(dict(reward.weights), lambda t: numeric(reward.score(t)), f"rewards:{preset}",
+                        j.max_fallback_share, j.on_excess_fallbacks)
+
+
+def easel_scorer(reward_weights: dict[str, float], preset: str = "paper") -> HybridScorer:
+    """An EASEL episode's scorer: `easel_s` (the outcome `EaselEnv` recorded in `traj.meta["easel"]`;
+    0 with a warning when there is none) and the rule reward's `format`, `action`, `rule` terms
+    under `preset`'s rule config, weighted by `reward_weights` (missing components: 0) into `hybrid`."""
+    rule_cfg = load_reward_config(preset).rule
+    weights = {k: float(reward_weights.get(k, 0.0)) for k in EASEL_COMPONENTS}
 
     def score(traj: Trajectory) -> dict[str, float]:
-        return normalise_keys(reward.score(traj))
+        e = traj.meta.get("easel")
+        if e is None:  # never finished through EaselEnv: no canvas to score
+            log.warning("trajectory %s has no EASEL outcome; easel_s = 0", traj.task.id)
+            e = {}
+        rule = score_rule(traj, rule_cfg)
+        s = {"easel_s": float(e.get("score", 0.0)), "format": rule.r_format, "action": rule.r_action, "rule": rule.r_rule}
+        s[HYBRID] = sum(w * s[k] for k, w in weights.items())
+        return s
 
-    return score
+    return HybridScorer(weights, score, f"easel+rule:{preset}")

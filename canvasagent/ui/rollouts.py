@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rewards.hybrid import canonical_scores
+
 log = logging.getLogger(__name__)
 
 EVAL_STEP = "eval"
@@ -50,7 +52,7 @@ class Rollout:
     index: int  # position in its step's batch (GRPO) or sample number (eval)
     path: Path  # the trajectory.json
     scores: dict[str, float] = field(default_factory=dict)
-    reward: float = 0.0  # hybrid (GRPO) or overall (eval)
+    reward: float = 0.0  # the scores' `hybrid`
     advantage: float | None = None
     stop_reason: str = ""
     tools: list[str] = field(default_factory=list)
@@ -207,7 +209,7 @@ def _load_grpo(root: Path, scale: str) -> RolloutSet:
         if (step, idx) in seen:  # a resumed run can dump a step twice: keep the newest
             rs.rollouts = [r for r in rs.rollouts if (r.step, r.index) != (step, idx)]
         seen.add((step, idx))
-        scores = {str(k): f for k, v in (d.get("scores") or {}).items() if (f := _finite(v)) is not None}
+        scores = _scores(d.get("scores"))
         rs.rollouts.append(Rollout(
             step, str(d.get("task_id") or (traj.get("task") or {}).get("id") or "?"), idx, path, scores,
             scores.get("hybrid", 0.0), None, str(d.get("stop_reason") or traj.get("stop_reason") or ""),
@@ -218,6 +220,11 @@ def _load_grpo(root: Path, scale: str) -> RolloutSet:
         for r, a in zip(rows, advantages([r.reward for r in rows], [r.group for r in rows], scale)):
             r.advantage = a
     return rs
+
+
+def _scores(saved: Any) -> dict[str, float]:
+    """A saved score dict's finite values, in the reward vocabulary (legacy total names read as `hybrid`)."""
+    return {str(k): f for k, v in canonical_scores(saved or {}).items() if (f := _finite(v)) is not None}
 
 
 def _load_eval(trajs: Path) -> RolloutSet:
@@ -235,10 +242,10 @@ def _load_eval(trajs: Path) -> RolloutSet:
             if traj is None:
                 rs.problems.append(f"{path}: not a trajectory")
                 continue
-            scores = {str(k): f for k, v in (result.get("scores") or {}).items() if (f := _finite(v)) is not None}
+            scores = _scores(result.get("scores"))
             task = traj.get("task") or {}
             rs.rollouts.append(Rollout(
-                EVAL_STEP, str(task.get("id") or task_dir.name), j, path, scores, scores.get("overall", 0.0), None,
+                EVAL_STEP, str(task.get("id") or task_dir.name), j, path, scores, scores.get("hybrid", 0.0), None,
                 str(traj.get("stop_reason") or ""), _tools(traj), _errors(traj), str(task.get("instruction") or ""),
             ))
     return rs
@@ -296,7 +303,7 @@ class RolloutDetail:
     def markdown(self) -> str:
         r = self.rollout
         adv = "–" if r.advantage is None else f"{r.advantage:+.4f}"
-        main = {k: v for k, v in r.scores.items() if "/" not in k and k not in ("hybrid", "total", "overall", "fallbacks")}
+        main = {k: v for k, v in r.scores.items() if "/" not in k and k not in ("hybrid", "fallbacks")}
         comps = " · ".join(f"**{k}** {v:.4f}" for k, v in main.items()) or "_no scores_"
         sub = " · ".join(f"{k} {v:.3g}" for k, v in r.scores.items() if "/" in k)
         lines = [f"### {r.key}", f"**reward** {r.reward:.4f} · **advantage** {adv} · stop: `{r.stop_reason}`",

@@ -41,7 +41,7 @@ def fake_score(traj) -> dict[str, float]:
     calls = max(1, len(traj.calls))
     rule = ok / calls
     align = 1.0 if traj.terminated and traj.final_asset() is not None else 0.0
-    return {"overall": 0.3 * align + 0.1 * 0.5 + 0.2 * rule + 0.4 * rule, "align": align, "aes": 0.5, "traj": rule, "rule": rule}
+    return {"hybrid": 0.3 * align + 0.1 * 0.5 + 0.2 * rule + 0.4 * rule, "align": align, "aes": 0.5, "traj": rule, "rule": rule}
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ def fake_evaluator(calls):
     def evaluate(policy, tasks, out, judge, preset, config, limit, title=""):
         calls.append((policy, title))
         value = {"SFT only": 0.55, "RL only": 0.6, "SFT+RL": 0.82, "w/o outcome reward": 0.63, "w/o process reward": 0.38}[title]
-        res = [TaskResult("t0", scores={"overall": value, "align": value, "aes": 0.7, "traj": value, "rule": value}, n_calls=2, n_turns=3, valid_replies=3)]
+        res = [TaskResult("t0", scores={"hybrid": value, "align": value, "aes": 0.7, "traj": value, "rule": value}, n_calls=2, n_turns=3, valid_replies=3)]
         return EvalOutcome(summarize(res), {}, 1, 1)
 
     return evaluate
@@ -77,7 +77,7 @@ def test_grid_runs_shares_sft_and_skips_finished_cells(grid, tmp_path):
     assert [o["grpo.reward_preset"] for o in grpo] == ["paper", "paper", "no-outcome", "no-process"]
     assert evals[0][0].startswith("hf:") and evals[0][0].endswith("sft/final?max_new_tokens=8")
     md = out["markdown"]
-    assert "| Setting | Overall | Align. | Aes. | Traj. | Rule | Calls |" in md
+    assert "| Setting | Hybrid | Align. | Aes. | Traj. | Rule | Calls |" in md
     assert "| SFT+RL | 0.820 |" in md and "| w/o process reward | 0.380 |" in md
     assert (tmp_path / "abl" / "curves.png").stat().st_size > 1000
     # Rerun: every cell is skipped, nothing trains or evaluates again.

@@ -93,7 +93,7 @@ def test_eval_cli_end_to_end_replay(eval_split, tmp_path, monkeypatch, capsys):
     rc = cli_main(["eval", "--policy", f"replay:{tmp_path / 'rec' / 'trajectories'}", "--tasks", str(eval_split), "--judge", "offline", "--out", str(out), "--workers", "2"])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "| Overall | Align. | Aes. | Traj. | Rule | Calls |" in text
+    assert "| Hybrid | Align. | Aes. | Traj. | Rule | Calls |" in text
     report = json.loads((out / "report.json").read_text())
     assert report["summary"]["n_tasks"] == 3 and report["summary"]["metrics"]["calls"] == 2.0
     assert (out / "report.md").read_text().startswith("# Evaluation")
@@ -114,14 +114,14 @@ def test_eval_cli_with_the_real_hybrid_reward(eval_split, tmp_path, capsys):
     assert rc == 0
     summary = json.loads((out / "report.json").read_text())["summary"]
     m = summary["metrics"]
-    for key in ("overall", "align", "aes", "traj", "rule"):
+    for key in ("hybrid", "align", "aes", "traj", "rule"):
         assert 0.0 <= m[key] <= 1.0, key
     assert m["calls"] == 2.0 and m["rule"] > 0.5
     assert summary["align_measured_rate"] == 0.0 and summary["success_rate"] == 0.0  # no checks: no evidence
     # The terminate-at-once baseline scores lower on the same split.
     rc = cli_main(["eval", "--policy", "scripted:terminate", "--tasks", str(eval_split), "--out", str(tmp_path / "base")])
     base = json.loads((tmp_path / "base" / "report.json").read_text())["summary"]["metrics"]
-    assert base["overall"] < m["overall"] and base["calls"] == 0.0
+    assert base["hybrid"] < m["hybrid"] and base["calls"] == 0.0
 
 
 def test_eval_cli_unknown_preset_is_clear(eval_split, tmp_path, capsys):
@@ -194,7 +194,7 @@ def test_eval_cli_with_the_local_judge_on_the_tiny_model(eval_split, tmp_path, t
                    "--judge-model", str(tiny_qwen3vl_dir), "--out", str(out)])
     assert rc == 0
     m = json.loads((out / "report.json").read_text())["summary"]["metrics"]
-    assert all(0.0 <= m[k] <= 1.0 for k in ("overall", "align", "aes", "traj", "rule"))
+    assert all(0.0 <= m[k] <= 1.0 for k in ("hybrid", "align", "aes", "traj", "rule"))
     assert cli_main(["eval", "--policy", "scripted:flip", "--tasks", str(eval_split), "--judge", "local", "--out", str(tmp_path / "x")]) == 2
     assert "--judge local needs a checkpoint" in capsys.readouterr().err
 

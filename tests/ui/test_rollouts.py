@@ -61,7 +61,7 @@ def test_eval_run_layout_and_samples(tmp_path):
     from canvasagent.core.tasks import Task
 
     tasks = [Task("Mirror it.", [Image.new("RGB", (24, 16), c)], id=f"t{i}") for i, c in enumerate(("red", "blue"))]
-    runner = EvalRunner(PolicyFactory("scripted:flip"), lambda traj: {"overall": 0.25 * len(traj.turns), "align": 0.5}, tmp_path / "ev",
+    runner = EvalRunner(PolicyFactory("scripted:flip"), lambda traj: {"hybrid": 0.25 * len(traj.turns), "align": 0.5}, tmp_path / "ev",
                         EvalConfig(samples=2, workers=1))
     runner.run(tasks)
     rs = R.load(tmp_path / "ev")
