@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from canvasagent.training.config import TINY, TrainConfig
+from canvasagent.training.env import load_tools_config, tool_functions, toolbox_factory  # noqa: F401 (callers import them from here)
+from canvasagent.training.sources import source_of
 
 log = logging.getLogger(__name__)
 
@@ -64,34 +66,9 @@ def resolve_model_path(cfg: TrainConfig, build: bool = True) -> str:
     return str(p) if p is not None and p.exists() else ref
 
 
-def load_tools_config(cfg: TrainConfig):
-    from toolserver.config import ToolsConfig
-
-    tools_path = cfg.resolve(cfg.tools.config) if cfg.tools.config.endswith((".yaml", ".yml")) else None
-    return ToolsConfig.load(str(tools_path) if tools_path else cfg.tools.config)
-
-
-def toolbox_factory(cfg: TrainConfig) -> Callable[[], Any]:
-    """Builds the toolbox on first use (a Ray/HTTP client connects only when a rollout needs it)."""
-    from toolserver.client import make_toolbox
-
-    return lambda: make_toolbox(load_tools_config(cfg))
-
-
 def workspace(cfg: TrainConfig, build_model: bool = True) -> Workspace:
-    from canvasagent.training.env import make_env_class, tool_functions
-
-    max_turns = cfg.grpo.max_turns
-    if cfg.data.format == "easel":
-        # EASEL episodes act on a canvas session, not the toolbox; the env class also carries the
-        # reward weights so make_scorer picks the EASEL scorer (S as the outcome).
-        from canvasagent.training.easel_env import make_easel_env_class
-
-        env_cls = make_easel_env_class(max_turns, cfg.easel.reward_weights, cfg.easel.coords)
-        factory = env_cls._toolbox_factory
-    else:
-        factory = toolbox_factory(cfg)
-        env_cls = make_env_class(cfg.tools.names or None, factory, max_turns, cfg.tools.family)
+    """The run's paths, its source's env class and toolbox factory (`sources.Source.env`) and tool functions."""
+    env_cls, factory = source_of(cfg).env(cfg)
     return Workspace(
         cfg=cfg,
         output_dir=output_dir(cfg),

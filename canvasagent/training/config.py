@@ -17,10 +17,6 @@ from toolserver.config import REPO_ROOT, find_config, from_dict, load_yaml
 TINY = "tiny"  # model.name_or_path value meaning "build the tiny offline Qwen3-VL under the run dir"
 
 
-# Reward components an EASEL run can weight (easel.reward_weights keys).
-EASEL_COMPONENTS = ("easel_s", "format", "action", "rule")
-
-
 @dataclass
 class ModelSection:
     name_or_path: str = TINY  # hub id, local dir, or "tiny"
@@ -32,12 +28,8 @@ class ModelSection:
 
 @dataclass
 class DataSection:
-    # scripted: rows made here by running the core loop on templated pure-tool chains.
-    # canvascraft: HF parquet written by `python -m canvascraft build-sft|build-rl`.
-    # sharegpt / rl-json: the public formats, read through canvascraft's readers.
-    # mixed: scripted tasks (n_train, seed, ...) plus the CanvasCraft build at `path` (the main job).
-    # easel: EASEL tasks made here (canvasagent/easel/tasks.py), settings in the `easel` section.
-    # easel-data: an EASEL-Data build at `path` (`canvasagent easel data`: c1.jsonl / c2.jsonl), SFT.
+    # A task source in canvasagent.training.sources.SOURCES (scripted, canvascraft, sharegpt,
+    # rl-json, mixed, easel, easel-data); the source says what else it needs (path, easel section).
     format: str = "scripted"
     path: str | None = None
     n_train: int = 64  # scripted only
@@ -106,7 +98,7 @@ class GRPOSection:
 
 @dataclass
 class EaselSection:
-    """`data.format: easel`: EASEL tasks as the GRPO task source, S as the outcome reward."""
+    """The EASEL sources' settings (`data.format: easel` for GRPO, `easel-data` for SFT)."""
 
     categories: list[str] = field(default_factory=lambda: ["programmatic", "spatial", "abstract", "natural"])
     n_per_category: int = 4
@@ -114,8 +106,8 @@ class EaselSection:
     resolution: int | None = None  # canvas side; None = the category's (Table 1: 64 or 128)
     budget: int | None = None  # steps per episode; None = the category's (32-128)
     semantic: list[str] = field(default_factory=list)  # semantic task names (canvasagent.easel.semantic.TASK_NAMES)
-    # Component -> weight of the GRPO reward: easel_s (final S; semantic tasks: their score),
-    # format / action (the rule reward's R_format / R_action), rule (R_rule with its penalties).
+    # Component -> weight of the GRPO reward (canvasagent.evaluation.scoring.EASEL_COMPONENTS):
+    # easel_s (final S; semantic tasks: their score), format / action (R_format / R_action), rule (R_rule).
     reward_weights: dict[str, float] = field(default_factory=lambda: {"easel_s": 1.0, "format": 0.1, "action": 0.1})
     # Path coordinates the policy writes: unit ([0, 1], the registry's) or int1000 (integers 0-1000,
     # what EASEL-Data teaches). The prompt states it; the env rescales int1000 before validation.
@@ -167,29 +159,21 @@ class TrainConfig:
         return cfg
 
     def validate(self) -> None:
+        """Raise ValueError for a config no run can start from; the data source checks its own
+        settings (`training.sources.Source.validate`)."""
+        from canvasagent.training.sources import source_of
+
         if self.kind not in ("sft", "grpo"):
             raise ValueError(f"kind must be sft or grpo, got {self.kind!r}")
-        if self.data.format not in ("scripted", "canvascraft", "sharegpt", "rl-json", "mixed", "easel", "easel-data"):
-            raise ValueError(f"unknown data.format {self.data.format!r}")
+        source = source_of(self)
         check_budget(self.image_budget)
         from canvasagent.core.models.tiny import TINY_SIZES
 
         if self.model.tiny_size not in TINY_SIZES:
             raise ValueError(f"model.tiny_size {self.model.tiny_size!r} unknown; known: {sorted(TINY_SIZES)}")
-        if self.image_budget is not None and self.data.format in ("easel", "easel-data"):
-            raise ValueError("image_budget applies to the CanvasAgent layout; EASEL rows keep their own (set it to null)")
         if self.easel.coords not in ("unit", "int1000"):
             raise ValueError(f"easel.coords must be unit or int1000, got {self.easel.coords!r}")
-        if self.data.format == "easel":
-            self._validate_easel()
-        elif self.data.format == "easel-data":
-            if self.kind != "sft" or self.tools.family != "easel" or not self.data.path:
-                raise ValueError("data.format=easel-data is SFT data: kind sft, tools.family easel, data.path = the build")
-            bad = sorted(set(self.easel.curricula) - {"C1", "C2"})
-            if bad:
-                raise ValueError(f"easel.curricula: unknown {bad}; choose from C1, C2")
-        elif self.data.format != "scripted" and not self.data.path:
-            raise ValueError(f"data.format={self.data.format} needs data.path")
+        source.validate(self)
         if self.kind == "grpo":
             g = self.grpo
             per_step = self.optim.per_device_train_batch_size * self.optim.gradient_accumulation_steps * max(
@@ -203,24 +187,6 @@ class TrainConfig:
                 raise ValueError("grpo.max_turns must be >= 1")
             if not 0 < g.tool_collapse_share <= 1 or g.tool_collapse_steps < 1:
                 raise ValueError("grpo.tool_collapse_share must be in (0, 1] and grpo.tool_collapse_steps >= 1")
-
-    def _validate_easel(self) -> None:
-        from canvasagent.easel.semantic import TASK_NAMES
-        from canvasagent.easel.tasks import CATEGORIES
-
-        e = self.easel
-        if self.kind != "grpo":
-            raise ValueError("data.format=easel is a GRPO task source (SFT data: `canvasagent easel data`)")
-        if self.tools.family != "easel":
-            raise ValueError("data.format=easel needs tools.family: easel")
-        bad = [c for c in e.categories if c not in CATEGORIES] + [n for n in e.semantic if n not in TASK_NAMES]
-        if bad:
-            raise ValueError(f"easel: unknown categories/semantic tasks {bad}; choose from {list(CATEGORIES)} / {list(TASK_NAMES)}")
-        unknown = sorted(set(e.reward_weights) - set(EASEL_COMPONENTS))
-        if unknown:
-            raise ValueError(f"easel.reward_weights: unknown components {unknown}; choose from {list(EASEL_COMPONENTS)}")
-        if (e.resolution is not None and e.resolution < 16) or (e.budget is not None and e.budget < 1):
-            raise ValueError("easel.resolution must be >= 16 and easel.budget >= 1")
 
     def resolve(self, path: str | None) -> Path | None:
         """Config paths are relative to the repository root (configs travel with the code)."""

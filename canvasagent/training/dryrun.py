@@ -7,15 +7,17 @@ and reports it; `ok` is true only when the preflight found nothing.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from canvasagent.training.common import validate_launcher, workspace
 from canvasagent.training.config import TINY, TrainConfig
+from canvasagent.training.env import load_tools_config
 from canvasagent.training.preflight import preflight
+from canvasagent.training.sources import source_of
 
 
 def dry_run(cfg: TrainConfig) -> dict[str, Any]:
+    source = source_of(cfg)
     report: dict[str, Any] = {"kind": cfg.kind}
     problems = preflight(cfg)
     try:
@@ -24,8 +26,6 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
         report["launcher"] = None  # in problems already
     warnings: list[str] = []
     try:
-        from canvasagent.training.common import load_tools_config
-
         tc = load_tools_config(cfg)
         report["toolbox"] = {"client": tc.client, "profile": tc.profile, "backends": sorted(tc.backends)}
     except FileNotFoundError as e:
@@ -43,12 +43,10 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
         args = sft_args(cfg, with_deepspeed=False)
     else:
         from canvasagent.training.grpo import grpo_args
-        from canvasagent.training.rewarding import TRLRewards, make_scorer
+        from canvasagent.training.rewarding import TRLRewards
 
-        # Never connect to a remote toolbox here; the EASEL toolbox is an in-process canvas and
-        # selects the EASEL scorer (S plus rule terms), so the dry run reports what training logs.
-        toolbox = ws.env_cls.toolbox() if cfg.data.format == "easel" else None
-        scorer = make_scorer(cfg.grpo.reward_preset, cfg.grpo.judge, toolbox)
+        # The source's scorer, as training builds it, without a toolbox: never connect to a remote one here.
+        scorer = source.scorer(cfg, None)
         rewards = TRLRewards(scorer)
         report["reward"] = {"source": scorer.source, "components": rewards.names, "weights": rewards.weights()}
         args = grpo_args(cfg, rewards.weights(), with_deepspeed=False)
@@ -62,21 +60,8 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
 
         report["lora"] = repr(peft_config(cfg))
 
-    # Data: a few rows in the layout (scripted rows are cheap; files are only checked to exist).
-    if cfg.data.format == "scripted":
-        from canvasagent.training.data import scripted_tasks
-        from canvasagent.training.messages import grpo_row
-
-        tasks = scripted_tasks(cfg, n=2)
-        report["data"] = {"format": "scripted", "example": grpo_row(tasks[0][0])["prompt"][1]["content"][-1]["text"]}
-    elif cfg.data.format == "easel":
-        from canvasagent.training.data import grpo_rows
-
-        rows = grpo_rows(cfg, ws.toolbox_factory)  # procedural references: cheap, and proves the spec is valid
-        report["data"] = {"format": "easel", "rows": len(rows), "example": json.loads(rows[0]["task"]).get("instruction") if rows else None}
-    else:
-        p = cfg.resolve(cfg.data.path)
-        report["data"] = {"format": cfg.data.format, "path": str(p), "exists": bool(p and p.exists())}
+    # Data: what the source reports (cheap rows are built; files are only checked to exist).
+    report["data"] = source.dry_run_data(cfg, ws.toolbox_factory)
 
     # The model: config + processor when available offline, never the weights.
     ref = ws.model_path

@@ -194,6 +194,21 @@ class CanvasEnv:
         return traj
 
 
+def load_tools_config(cfg: Any):
+    """The `ToolsConfig` a training config names (tools.config: a configs/tools name or a YAML path)."""
+    from toolserver.config import ToolsConfig
+
+    tools_path = cfg.resolve(cfg.tools.config) if cfg.tools.config.endswith((".yaml", ".yml")) else None
+    return ToolsConfig.load(str(tools_path) if tools_path else cfg.tools.config)
+
+
+def toolbox_factory(cfg: Any) -> Callable[[], Any]:
+    """Builds the toolbox on first use (a Ray/HTTP client connects only when a rollout needs it)."""
+    from toolserver.client import make_toolbox
+
+    return lambda: make_toolbox(load_tools_config(cfg))
+
+
 def make_env_class(
     tool_names: list[str] | tuple[str, ...] | None,
     toolbox_factory: Callable[[], Any],

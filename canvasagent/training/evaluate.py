@@ -3,7 +3,7 @@
 A thin adapter: it shows an in-memory HF policy the training layout (system text with the tool
 block) and runs it with `canvasagent.evaluation`'s runner (seeded sampling, saved and resumable
 trajectories) and metrics (`policy_metrics`: format validity, rule score, hybrid reward and its
-components, match rate). The scorer is the one GRPO optimises (`training.rewarding.make_scorer`).
+components, match rate). The scorer is the one GRPO optimises (the source's, from `canvasagent.evaluation.scoring`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from canvasagent.core.policies.guards import GuardConfig
 from canvasagent.core.tasks import Task
 from canvasagent.core.trajectory import Trajectory
 from canvasagent.training.messages import LayoutPolicy, system_text
-from canvasagent.training.rewarding import HybridScorer
+from canvasagent.evaluation.scoring import HybridScorer
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +56,10 @@ def format_validity(trajs: list[Trajectory]) -> float:
 
 
 def training_scorer(scorer: HybridScorer):
-    """Per episode: the reward components, their weighted total (`hybrid`) and the episode's format validity."""
+    """Per episode: the scorer's dict (components and `hybrid`) plus the episode's format validity."""
 
     def score(traj: Trajectory) -> dict[str, float]:
         s = scorer.score(traj)
-        s["hybrid"] = scorer.total(s)
         s["format_validity"] = format_validity([traj])
         return s
 

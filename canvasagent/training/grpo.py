@@ -17,7 +17,8 @@ from canvasagent.training.common import (
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.data import grpo_dataset
 from canvasagent.training.preflight import require_ready
-from canvasagent.training.rewarding import TRLRewards, make_scorer
+from canvasagent.training.rewarding import TRLRewards
+from canvasagent.training.sources import source_of
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +81,13 @@ def grpo_args(cfg: TrainConfig, reward_weights: list[float], with_deepspeed: boo
 
 def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
     # CanvasGRPOTrainer, not TRL's: it never scores a sampled vision placeholder (see trl_multimodal).
-    from canvasagent.training.common import load_tools_config
+    from canvasagent.training.env import load_tools_config
     from canvasagent.training.trl_multimodal import CanvasGRPOTrainer, ToolConcurrency
 
     require_ready(cfg)  # missing data, packages or services fail here, before any weights load
     ws = workspace(cfg)
     model, processor = load_model_and_processor(ws, padding_side="left")
-    scorer = make_scorer(cfg.grpo.reward_preset, cfg.grpo.judge, ws.env_cls.toolbox())
+    scorer = source_of(cfg).scorer(cfg, ws.env_cls.toolbox())
     dumper = TrajectoryDumper(ws.output_dir / "trajectories", cfg.run.dump_every)
     train_dataset = grpo_dataset(cfg, ws.toolbox_factory)
     rewards = TRLRewards(scorer, on_scored=dumper, group_size=cfg.grpo.num_generations,

@@ -108,6 +108,31 @@ def sft_example(traj: Trajectory, system: str, image_budget: int | None = None) 
     return {"messages": messages, "images": kept}
 
 
+def sharegpt_example(row: dict[str, Any], system: str, image_budget: int | None = None) -> dict[str, Any]:
+    """A public ShareGPT row (`<image>` placeholders in string contents, `images` as byte cells) as
+    an SFT row under `image_budget` (None: every image). Our system turn replaces the row's."""
+    from canvasagent.core.imageio import open_image
+
+    roles = {"human": "user", "gpt": "assistant", "observation": "tool", "function": "tool", "function_call": "assistant"}
+    messages: list[Message] = [{"role": "system", "content": _text(system)}]
+    for m in row["messages"]:
+        role = roles.get(m["role"], m["role"])
+        if role == "system":
+            continue
+        if role == "assistant":
+            messages.append(assistant_message(m["content"]))
+            continue
+        content: list[dict[str, Any]] = []
+        for i, part in enumerate(str(m["content"]).split("<image>")):
+            if i:
+                content.append({"type": "image"})
+            if part:
+                content.append({"type": "text", "text": part})
+        messages.append({"role": role, "content": content})
+    messages, images = apply_image_budget(messages, image_budget, [open_image(c["bytes"]) for c in row["images"]])
+    return {"messages": messages, "images": images}
+
+
 def grpo_row(task: Task) -> dict[str, Any]:
     """A GRPO row: the prompt (TRL adds the tool block), the input images, the task for `reset`.
 

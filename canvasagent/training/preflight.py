@@ -21,6 +21,8 @@ from pathlib import Path
 
 from canvasagent.training.common import validate_launcher
 from canvasagent.training.config import TINY, TrainConfig
+from canvasagent.training.env import load_tools_config
+from canvasagent.training.sources import source_of
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +64,11 @@ def preflight(cfg: TrainConfig, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]
 
 def _files(cfg: TrainConfig) -> list[str]:
     out: list[str] = []
-    if cfg.data.format not in ("scripted", "easel"):
+    source = source_of(cfg)
+    if source.needs_path:
         p = cfg.resolve(cfg.data.path)
         if p is None or not p.exists():
-            build = f" (build it with `python -m canvascraft build-{'rl' if cfg.kind == 'grpo' else 'sft'} --out DIR`)"
-            hint = {"canvascraft": build, "mixed": build, "easel-data": " (build it with `canvasagent easel data --out DIR`)"}.get(cfg.data.format, "")
-            out.append(f"data.path: {cfg.data.path} does not exist{hint}")
+            out.append(f"data.path: {cfg.data.path} does not exist{source.path_hint(cfg)}")
     if cfg.kind == "grpo" and cfg.run.init_from:
         # An SFT checkpoint folder: it has to be here already (a Hub id only when cached).
         out += _checkpoint("run.init_from", cfg.run.init_from, cfg, download=False)
@@ -85,9 +86,7 @@ def _files(cfg: TrainConfig) -> list[str]:
     except (OSError, ValueError) as e:
         out.append(" ".join(str(e).split()))
     try:
-        from canvasagent.training.common import load_tools_config
-
-        if cfg.data.format != "easel":
+        if source.uses_tools_config:
             load_tools_config(cfg)
     except (OSError, ValueError) as e:
         out.append(f"tools.config: {' '.join(str(e).split())}")
@@ -160,16 +159,10 @@ def _reward_config(cfg: TrainConfig):
     return load_reward_config(cfg.grpo.reward_preset)
 
 
-def _needs_toolserver(cfg: TrainConfig) -> bool:
-    # SFT on a built dataset only reads the schemas; GRPO rollouts and scripted rows call tools.
-    if cfg.data.format in ("easel", "easel-data"):
-        return False
-    return cfg.kind == "grpo" or cfg.data.format in ("scripted", "mixed")
-
-
 def _endpoints(cfg: TrainConfig, timeout_s: float) -> list[str]:
     out: list[str] = []
-    if cfg.kind == "grpo" and cfg.grpo.judge == "http" and cfg.data.format != "easel":
+    source = source_of(cfg)
+    if cfg.kind == "grpo" and cfg.grpo.judge == "http" and source.judged:
         try:
             http = _reward_config(cfg).judges.http
         except (OSError, ValueError) as e:
@@ -178,10 +171,8 @@ def _endpoints(cfg: TrainConfig, timeout_s: float) -> list[str]:
             url = (os.environ.get(http.base_url_env) or http.base_url).rstrip("/")
             key = http.api_key or os.environ.get(http.api_key_env, "")
             out += _probe_http("judge", url, url + "/models", key, timeout_s)
-    if _needs_toolserver(cfg):
+    if source.needs_toolserver(cfg):
         try:
-            from canvasagent.training.common import load_tools_config
-
             tc = load_tools_config(cfg)
         except (OSError, ValueError):
             tc = None  # reported under files

@@ -1,12 +1,14 @@
-"""Hybrid reward -> TRL reward functions, one per component, weighted by the preset.
+"""A scorer -> TRL reward functions, one per weighted component.
 
-GRPO's total is Σ weight_k · component_k, which is exactly the hybrid reward when the weights
-are the preset's; giving each component its own function makes TRL log every one of them
-(`rewards/<name>/mean`). The trajectory is scored once per rollout and cached on its env.
+GRPO's reward is Σ weight_k · component_k, which is exactly the scorer's `hybrid` when the
+weights are the scorer's; giving each component its own function makes TRL log every one of
+them (`rewards/<name>/mean`). The trajectory is scored once per rollout and cached on its env.
 
-Scoring is `rewards.hybrid.HybridReward` (presets in configs/reward/). We wrap it in our own TRL
-functions (rather than `rewards.hybrid.reward_functions`) because each trajectory must first be
-finished with the reply texts that only the completion holds (`env.trajectory_of`).
+The scorer comes from the config's task source (`training.sources.Source.scorer`), built by the
+one scorer bridge `canvasagent.evaluation.scoring` (`make_scorer`, `HybridScorer` are imported
+here under the names the pipeline uses). We wrap it in our own TRL functions (rather than
+`rewards.hybrid.reward_functions`) because each trajectory must first be finished with the reply
+texts that only the completion holds (`env.trajectory_of`).
 """
 
 from __future__ import annotations
@@ -15,88 +17,15 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from canvasagent.core.tasks import Task
-from canvasagent.training.config import EASEL_COMPONENTS
-from canvasagent.training.env import CanvasEnv, trajectory_of
 from canvasagent.core.trajectory import Trajectory
+from canvasagent.evaluation.scoring import HYBRID, HybridScorer, make_scorer  # noqa: F401 (make_scorer: the pipeline's entry)
+from canvasagent.training.env import CanvasEnv, trajectory_of
+from canvasagent.training.sources import task_source
 
 log = logging.getLogger(__name__)
-
-Scorer = Callable[[Trajectory], dict[str, float]]
-
-
-@dataclass
-class HybridScorer:
-    """Scores a trajectory into named components; `weights` turns them into the hybrid total.
-
-    `max_fallback_share` and `on_excess_fallbacks` (drop | abort) come from the preset's judges
-    config: what GRPO does when too many of a step's rollouts were scored by a judge fallback.
-    """
-
-    weights: dict[str, float]
-    score: Scorer
-    source: str
-    max_fallback_share: float = 1.0
-    on_excess_fallbacks: str = "drop"
-
-    def total(self, scores: dict[str, float]) -> float:
-        if "total" in scores:  # the rewards package computes it (public-code mode is not a weighted sum)
-            return scores["total"]
-        return sum(w * scores.get(k, 0.0) for k, w in self.weights.items())
-
-
-def make_scorer(preset: str = "paper", judge: str = "offline", toolbox: Any = None) -> HybridScorer:
-    """The hybrid reward of a preset (configs/reward/<preset>.yaml) with the given judge kind.
-
-    An EASEL env's toolbox (data.format: easel) selects the EASEL scorer instead: the final
-    canvas's S plus the preset's rule terms, weighted by `easel.reward_weights`.
-    """
-    from canvasagent.training.easel_env import is_easel_toolbox
-
-    if is_easel_toolbox(toolbox):
-        return easel_scorer(toolbox.reward_weights, preset)
-    from rewards.hybrid import HybridReward
-
-    # judge_unweighted=False: training skips judges whose weight is 0 (an ablation preset).
-    reward = HybridReward.from_preset(preset, judge=judge, toolbox=toolbox, judge_unweighted=False)
-    j = reward.cfg.judges
-    return HybridScorer(dict(reward.weights), lambda t: {k: float(v) for k, v in reward.score(t).items()}, f"rewards:{preset}",
-                        j.max_fallback_share, j.on_excess_fallbacks)
-
-
-def easel_scorer(reward_weights: dict[str, float], preset: str = "paper"):
-    """`easel_s` (outcome) + the rule reward's format / action / total terms, as a HybridScorer."""
-    from rewards.config import load_reward_config
-    from rewards.rule import score_rule
-
-    rule_cfg = load_reward_config(preset).rule
-
-    def score(traj: Any) -> dict[str, float]:
-        e = traj.meta.get("easel")
-        if e is None:  # never finished through EaselEnv: no canvas to score
-            log.warning("trajectory %s has no EASEL outcome; easel_s = 0", traj.task.id)
-            e = {}
-        rule = score_rule(traj, rule_cfg)
-        return {"easel_s": float(e.get("score", 0.0)), "format": rule.r_format, "action": rule.r_action, "rule": rule.r_rule}
-
-    weights = {k: float(reward_weights.get(k, 0.0)) for k in EASEL_COMPONENTS}
-    return HybridScorer(weights, score, f"easel+rule:{preset}")
-
-
-def source_of(task: Task) -> str:
-    """The data source a task came from: `meta["source"]` when the loader set it, else what its
-    meta shows (an EASEL spec: `easel`; a CanvasCraft chain: `canvascraft`), else its family."""
-    meta = task.meta or {}
-    if meta.get("source"):
-        return str(meta["source"])
-    if "easel" in meta:
-        return "easel"
-    if "chain" in meta:
-        return "canvascraft"
-    return task.family or "unknown"
 
 
 def rollout_diagnostics(traj: Trajectory) -> dict[str, float]:
@@ -132,13 +61,13 @@ class TRLRewards:
     step without them entering the reward) are diagnostics of the rollout itself:
     `format_validity` (share of its turns without a format finding), `tool_calls` (calls recorded
     in its trajectory, i.e. what the reward saw), `no_tool` (1 when it called no tool), and for
-    each name in `sources` one `<value>/<source>` function per value in `PER_SOURCE` (the hybrid
-    total, format validity, the no-tool flag): the value for rollouts of that source
-    (`source_of`) and None for the others, which TRL turns into NaN and leaves out of the mean.
+    each name in `sources` one `<value>/<source>` function per value in `PER_SOURCE` (`hybrid`,
+    format validity, the no-tool flag): the value for rollouts of that source
+    (`sources.task_source`) and None for the others, which TRL turns into NaN and leaves out of the mean.
     """
 
     LOGGED = ("judge_fallbacks", "format_validity", "tool_calls", "no_tool")
-    PER_SOURCE = ("hybrid", "format_validity", "no_tool")
+    PER_SOURCE = (HYBRID, "format_validity", "no_tool")
 
     def __init__(self, scorer: HybridScorer, on_scored: Callable[[int, list[Trajectory], list[dict]], None] | None = None,
                  group_size: int = 1, sources: Iterable[str] = ()):
@@ -150,11 +79,11 @@ class TRLRewards:
 
     @staticmethod
     def sources_in(task_json: Iterable[str | dict]) -> tuple[str, ...]:
-        """The sorted distinct `source_of` of a GRPO data set's `task` column (JSON or dicts)."""
+        """The sorted distinct `task_source` of a GRPO data set's `task` column (JSON or dicts)."""
         found = set()
         for d in task_json:
             d = json.loads(d) if isinstance(d, str) else d
-            found.add(source_of(Task.from_dict(d)))
+            found.add(task_source(Task.from_dict(d)))
         return tuple(sorted(found))
 
     def _scores(self, completions: list, environments: list[CanvasEnv], trainer_state: Any = None) -> list[dict]:
@@ -169,7 +98,7 @@ class TRLRewards:
                     log.exception("reward scoring failed for %s", traj.task.id)
                     s = {k: 0.0 for k in self.names}
                 s = {k: (float(v) if v is not None and math.isfinite(float(v)) else 0.0) for k, v in s.items()}
-                s["hybrid"] = self.scorer.total(s)
+                s[HYBRID] = self.scorer.total(s)
                 s.update(rollout_diagnostics(traj))
                 env.scores = s
                 fresh.append(traj)
@@ -200,10 +129,9 @@ class TRLRewards:
             group = range(g0, min(len(scores), g0 + gs))
             judged = [j for j in group if j not in bad]
             for i in (i for i in group if i in bad):
-                for k in (*self.names, "total"):
+                for k in dict.fromkeys((*self.names, HYBRID)):
                     if k in scores[i]:
                         scores[i][k] = sum(scores[j].get(k, 0.0) for j in judged) / len(judged) if judged else 0.0
-                scores[i]["hybrid"] = self.scorer.total(scores[i])
                 scores[i]["dropped"] = 1.0
         log.warning("GRPO step %d: dropped %d fallback rollouts from the advantage", step, len(bad))
 
@@ -228,7 +156,7 @@ class TRLRewards:
 
                 def per_source(completions, environments, trainer_state=None, _source=source, _name=name, **kwargs):
                     scores = self._scores(completions, environments, trainer_state)
-                    return [s[_name] if source_of(trajectory_of(e, c).task) == _source else None
+                    return [s[_name] if task_source(trajectory_of(e, c).task) == _source else None
                             for s, c, e in zip(scores, completions, environments)]
 
                 per_source.__name__ = f"{name}/{source}"

@@ -12,7 +12,8 @@ from skimage import data
 
 from canvasagent.evaluation.metrics import policy_metrics, task_result
 from canvasagent.core.tasks import Task
-from canvasagent.training.rewarding import HybridScorer, JudgeOutage, TRLRewards
+from canvasagent.evaluation.scoring import HybridScorer
+from canvasagent.training.rewarding import JudgeOutage, TRLRewards
 from rewards.checks import CheckContext, calibrated, run_check, run_checks
 from rewards.hybrid import HybridReward
 from tests.rewards.helpers import DONE, R, run

@@ -21,7 +21,8 @@ from canvasagent.training.callbacks import (
     ema,
 )
 from canvasagent.training.config import TrainConfig
-from canvasagent.training.rewarding import TRLRewards, rollout_diagnostics, source_of
+from canvasagent.training.rewarding import TRLRewards, rollout_diagnostics
+from canvasagent.training.sources import task_source as source_of
 from tests.training.conftest import record_scored_batches
 
 # Every other rollout's first turn is forced to this call (the random tiny model almost never
@@ -198,14 +199,14 @@ def test_tool_collapse_warns_once_per_streak(tmp_path, caplog):
 def test_grpo_reward_is_the_evaluation_score_of_the_same_trajectory(run):
     """Per rollout: TRL's reward (Σ weight·function output, as it builds the advantage) equals the
     score of the same trajectory under the evaluation path (the pipeline's `training_scorer` over
-    `make_scorer`, and `canvasagent.evaluation.scoring.make_scorer`'s `overall`)."""
+    `make_scorer`, and the evaluation CLI's scorer, which scores every judge)."""
     from canvasagent.evaluation.scoring import make_scorer as eval_scorer
     from canvasagent.training.evaluate import training_scorer
     from canvasagent.training.rewarding import make_scorer
 
     g = run.cfg.grpo
     pipeline_score = training_scorer(make_scorer(g.reward_preset, g.judge, run.ws.env_cls.toolbox()))
-    cli_score = eval_scorer(g.judge, g.reward_preset)
+    cli_score = eval_scorer(g.reward_preset, g.judge, every_judge=True)
     weights = run.trainer.reward_weights
     assert len(run.rewards_per_func) == STEPS
     compared = []
@@ -214,7 +215,7 @@ def test_grpo_reward_is_the_evaluation_score_of_the_same_trajectory(run):
         for r, traj in zip(grpo_reward, trajs):
             s = pipeline_score(traj)
             assert r == pytest.approx(s["hybrid"], abs=1e-5)
-            assert r == pytest.approx(cli_score(traj)["overall"], abs=1e-5)
+            assert r == pytest.approx(cli_score(traj)["hybrid"], abs=1e-5)
             compared.append(r)
     assert len(compared) == STEPS * N_GEN and len({round(x, 6) for x in compared}) > 1  # not one constant
 

@@ -16,7 +16,8 @@ from canvasagent.training.common import workspace
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.data import grpo_rows
 from canvasagent.training.grpo import build_grpo_trainer
-from canvasagent.training.rewarding import TRLRewards, make_scorer
+from canvasagent.training.rewarding import TRLRewards
+from canvasagent.training.sources import source_of
 
 STROKE = {"xs": 0.1, "ys": 0.2, "xc": 0.5, "yc": 0.9, "xe": 0.9, "ye": 0.3, "rs": 0.15, "os": 0.9,
           "re": 0.1, "oe": 0.8, "cr": 0.8, "cg": 0.2, "cb": 0.1}
@@ -126,7 +127,7 @@ def test_s_reward_is_one_for_a_reference_identical_canvas(tmp_path, monkeypatch)
     obs = env.brush_stroke(**{**STROKE, "cr": "red"})  # a malformed call: an observation, the canvas untouched
     assert obs[0]["type"] == "image" and "Error" in obs[1]["text"]
     env.submit()
-    rewards = TRLRewards(make_scorer(cfg.grpo.reward_preset, cfg.grpo.judge, ws.env_cls.toolbox()))
+    rewards = TRLRewards(source_of(cfg).scorer(cfg, ws.env_cls.toolbox()))
     completion = [{"role": "assistant", "content": [{"type": "text", "text": "<reason>Done.</reason>"}]}]
     by_name = {fn.__name__: fn(completions=[completion], environments=[env])[0] for fn in rewards.functions()}
     assert by_name["easel_s"] == 1.0
@@ -159,7 +160,7 @@ def test_semantic_rows_reward_the_task_score(tmp_path):
     env.reset(**row)
     env.brush_stroke(**STROKE)  # appearance arguments are required by the registry, ignored here
     env.submit()
-    rewards = TRLRewards(make_scorer(cfg.grpo.reward_preset, cfg.grpo.judge, ws.env_cls.toolbox()))
+    rewards = TRLRewards(source_of(cfg).scorer(cfg, ws.env_cls.toolbox()))
     completion = [{"role": "assistant", "content": [{"type": "text", "text": "<reason>Done.</reason>"}]}]
     s = rewards.functions()[0](completions=[completion], environments=[env])[0]
     assert env.session.budget == 4 and env.session.history[0].ok

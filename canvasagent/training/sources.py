@@ -1,0 +1,359 @@
+"""Task sources: the one registry of where a run's rows, rollout env, reward and held-out tasks come from.
+
+`data.format` names a source in `SOURCES`. Every module that needs something source-specific
+asks the source (`source_of(cfg)`) instead of switching on the name or on a toolbox type:
+
+| source | feeds | data.path | rows | env / reward |
+|---|---|---|---|---|
+| scripted | SFT, GRPO | — | templated pure-tool chains run through the core loop | tool env / hybrid |
+| canvascraft | SFT, GRPO | a `python -m canvascraft build-sft/build-rl` build | parquet shards | tool env / hybrid |
+| sharegpt, rl-json | SFT, GRPO | a file in the public format | canvascraft's readers | tool env / hybrid |
+| mixed | SFT, GRPO | the CanvasCraft build | scripted + canvascraft, in that order | tool env / hybrid |
+| easel | GRPO | — | EASEL tasks (`easel` section) | `EaselEnv` / `easel_s` + rule terms |
+| easel-data | SFT | a `canvasagent easel data` build | next-stroke samples as GRPO-layout rows | tool env (easel family) |
+
+A source gives: `validate(cfg)` (raises ValueError), `sft_rows` / `grpo_rows` (rows in
+`messages`' layout; a source that cannot feed a run kind refuses it with ValueError), `env(cfg)`
+(the TRL environment class and its toolbox factory), `scorer(cfg, toolbox)` (a
+`canvasagent.evaluation.scoring.HybridScorer`), `eval_tasks` (held-out tasks, never training
+ones) and the preflight / dry-run facts (`needs_path`, `path_hint`, `needs_toolserver`,
+`uses_tools_config`, `judged`, `dry_run_data`). Configs are read duck-typed: this module never
+imports `training.config` (the config validates through it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from typing import Any, Callable
+
+from canvasagent.core.tasks import Task
+from canvasagent.evaluation.scoring import EASEL_COMPONENTS, HybridScorer, easel_scorer, make_scorer
+from canvasagent.training.env import make_env_class, toolbox_factory
+from canvasagent.training.messages import grpo_row, sft_example, sharegpt_example
+
+log = logging.getLogger(__name__)
+
+Rows = list[dict[str, Any]]
+ToolboxFactory = Callable[[], Any]
+
+
+class Source:
+    """The default source: CanvasAgent tool rollouts scored by the hybrid reward."""
+
+    name = ""
+    kinds: tuple[str, ...] = ("sft", "grpo")  # run kinds it can feed
+    needs_path = True  # data.path names the data
+    family: str | None = None  # the tools.family it requires (None: any)
+    judged = True  # its reward runs the preset's judges
+    uses_tools_config = True  # its env or rows build a toolbox from tools.config
+    meta_key: str | None = None  # a task whose meta holds this key came from this source
+
+    def validate(self, cfg: Any) -> None:
+        if cfg.kind not in self.kinds:
+            raise ValueError(f"data.format={self.name} feeds {' and '.join(self.kinds)} runs only, not {cfg.kind}")
+        if self.family and cfg.tools.family != self.family:
+            raise ValueError(f"data.format={self.name} needs tools.family: {self.family}")
+        if self.needs_path and not cfg.data.path:
+            raise ValueError(f"data.format={self.name} needs data.path")
+
+    def path_hint(self, cfg: Any) -> str:
+        """How to make a missing data.path (appended to the preflight line), or ''."""
+        return ""
+
+    def needs_toolserver(self, cfg: Any) -> bool:
+        """Whether the run calls tools of tools.config: GRPO rollouts always do; SFT only where rows are made by running tools."""
+        return cfg.kind == "grpo"
+
+    def sft_rows(self, cfg: Any, system: str, toolbox_factory: ToolboxFactory) -> Rows:
+        raise ValueError(f"data.format={self.name} has no SFT rows")
+
+    def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
+        raise ValueError(f"data.format={self.name} has no GRPO rows")
+
+    def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
+        raise ValueError(f"data.format={self.name} has no held-out tasks")
+
+    def env(self, cfg: Any) -> tuple[type, ToolboxFactory]:
+        """(TRL environment class, toolbox factory); the factory connects on first use."""
+        factory = toolbox_factory(cfg)
+        return make_env_class(cfg.tools.names or None, factory, cfg.grpo.max_turns, cfg.tools.family), factory
+
+    def scorer(self, cfg: Any, toolbox: Any = None) -> HybridScorer:
+        return make_scorer(cfg.grpo.reward_preset, cfg.grpo.judge, toolbox)
+
+    def dry_run_data(self, cfg: Any, toolbox_factory: ToolboxFactory) -> dict[str, Any]:
+        """What `--dry-run` reports about the data: files are only checked to exist."""
+        p = cfg.resolve(cfg.data.path)
+        return {"format": self.name, "path": str(p), "exists": bool(p and p.exists())}
+
+
+# -- scripted -------------------------------------------------------------------------------------
+
+
+class Scripted(Source):
+    """Templated pure-tool chains (`training.scripted`): data.n_train tasks from data.seed."""
+
+    name = "scripted"
+    needs_path = False
+
+    def tasks(self, cfg: Any, n: int | None = None, seed: int | None = None) -> list[tuple[Task, list[str]]]:
+        """(task, reference replies) pairs; `n` / `seed` default to data.n_train / data.seed."""
+        from canvasagent.training.scripted import make_tasks
+
+        d = cfg.data
+        return make_tasks(n if n is not None else d.n_train, d.seed if seed is None else seed, d.max_steps_per_task, d.image_size)
+
+    def needs_toolserver(self, cfg: Any) -> bool:
+        return True  # SFT rows are the reference replies run through the tools
+
+    def sft_rows(self, cfg: Any, system: str, toolbox_factory: ToolboxFactory) -> Rows:
+        from canvasagent.training.scripted import run_reference
+
+        toolbox = toolbox_factory()
+        return [sft_example(run_reference(t, r, toolbox), system, cfg.image_budget) for t, r in self.tasks(cfg)]
+
+    def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
+        from canvasagent.training.scripted import attach_reference
+
+        toolbox = toolbox_factory()
+        return [grpo_row(attach_reference(t, toolbox)) for t, _ in self.tasks(cfg)]
+
+    def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
+        """`n` tasks drawn with `seed` (a seed no training stage uses), reference images attached by `toolbox`."""
+        from canvasagent.training.scripted import attach_reference
+
+        return [attach_reference(t, toolbox) for t, _ in self.tasks(cfg, n=n, seed=seed)]
+
+    def dry_run_data(self, cfg: Any, toolbox_factory: ToolboxFactory) -> dict[str, Any]:
+        task = self.tasks(cfg, n=2)[0][0]
+        return {"format": self.name, "example": grpo_row(task)["prompt"][1]["content"][-1]["text"]}
+
+
+# -- CanvasCraft builds and the public formats (readers in canvascraft.formats) -------------------
+
+
+class CanvasCraft(Source):
+    """A CanvasCraft build at data.path: `sft` shards for SFT, `rl` shards (train / eval splits) for GRPO."""
+
+    name = "canvascraft"
+    meta_key = "chain"
+
+    def path_hint(self, cfg: Any) -> str:
+        return f" (build it with `python -m canvascraft build-{'rl' if cfg.kind == 'grpo' else 'sft'} --out DIR`)"
+
+    def read(self, cfg: Any, kind: str, split: str | None = None) -> Rows:
+        """The rows at data.path of `kind` (sft | rl), of `split` only where the build records splits."""
+        from canvascraft.build import shard_files
+        from canvascraft.formats import read_rows
+
+        return read_rows(shard_files(self._path(cfg), kind, split))
+
+    def _path(self, cfg: Any) -> Any:
+        path = cfg.resolve(cfg.data.path)
+        if path is None:
+            raise ValueError(f"data.format={self.name} needs data.path")
+        return path
+
+    def sft_rows(self, cfg: Any, system: str, toolbox_factory: ToolboxFactory) -> Rows:
+        """Rows that carry the executed trajectory (our parquet, our ShareGPT) go through it;
+        public ShareGPT rows are converted message by message."""
+        from canvascraft.formats import trajectory_of
+
+        out = []
+        for row in self.read(cfg, "sft"):
+            ex = (sft_example(trajectory_of(row), system, cfg.image_budget) if row.get("trajectory")
+                  else sharegpt_example(row, system, cfg.image_budget))
+            # Images loaded from a temporary folder remember its path, and `datasets` would store the
+            # path instead of the pixels; copies carry the pixels only.
+            ex["images"] = [im.copy() for im in ex["images"]]
+            out.append(ex)
+        if not out:
+            raise FileNotFoundError(f"no SFT rows in {cfg.data.path} (format {self.name})")
+        return out
+
+    def _tasks(self, cfg: Any, split: str) -> list[Task]:
+        from canvascraft.rl import task_of
+
+        keep = (None, split) if split == "train" else (split,)
+        return [task_of(r) for r in self.read(cfg, "rl", split) if r.get("split") in keep]
+
+    def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
+        return [grpo_row(t) for t in self._tasks(cfg, "train")]
+
+    def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
+        """The build's `eval` split (the build fixed its seed), the first `n` when given."""
+        return self._tasks(cfg, "eval")[:n]
+
+
+class ShareGPT(CanvasCraft):
+    name = "sharegpt"
+    meta_key = None
+
+    def path_hint(self, cfg: Any) -> str:
+        return ""
+
+    def read(self, cfg: Any, kind: str, split: str | None = None) -> Rows:
+        from canvascraft.formats import read_sharegpt
+
+        return read_sharegpt(self._path(cfg))
+
+
+class RLJson(ShareGPT):
+    name = "rl-json"
+
+    def read(self, cfg: Any, kind: str, split: str | None = None) -> Rows:
+        from canvascraft.formats import read_rl_json
+
+        return read_rl_json(self._path(cfg))
+
+
+# -- mixed ----------------------------------------------------------------------------------------
+
+
+class Mixed(CanvasCraft):
+    """The parts' rows concatenated in `parts` order; each part reads the same config as its own source."""
+
+    name = "mixed"
+    meta_key = None
+    parts = ("scripted", "canvascraft")
+
+    def part_config(self, cfg: Any, part: str) -> Any:
+        return replace(cfg, data=replace(cfg.data, format=part))
+
+    def _each(self, cfg: Any) -> list[tuple[Source, Any]]:
+        return [(SOURCES[p], self.part_config(cfg, p)) for p in self.parts]
+
+    def needs_toolserver(self, cfg: Any) -> bool:
+        return any(s.needs_toolserver(c) for s, c in self._each(cfg))
+
+    def sft_rows(self, cfg: Any, system: str, toolbox_factory: ToolboxFactory) -> Rows:
+        return [r for s, c in self._each(cfg) for r in s.sft_rows(c, system, toolbox_factory)]
+
+    def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
+        return [r for s, c in self._each(cfg) for r in s.grpo_rows(c, toolbox_factory)]
+
+    def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
+        return [t for s, c in self._each(cfg) for t in s.eval_tasks(c, n, seed, toolbox)]
+
+
+# -- EASEL ----------------------------------------------------------------------------------------
+
+
+class _EaselLayout(Source):
+    family = "easel"
+    judged = False
+
+    def validate(self, cfg: Any) -> None:
+        super().validate(cfg)
+        if cfg.image_budget is not None:
+            raise ValueError("image_budget applies to the CanvasAgent layout; EASEL rows keep their own (set it to null)")
+
+    def needs_toolserver(self, cfg: Any) -> bool:
+        return False  # strokes run on an in-process canvas; EASEL-Data rows replay through it
+
+
+class Easel(_EaselLayout):
+    """EASEL tasks made here (`easel` section) as the GRPO task source, S as the outcome reward."""
+
+    name = "easel"
+    meta_key = "easel"
+    kinds = ("grpo",)
+    needs_path = False
+    uses_tools_config = False
+
+    def validate(self, cfg: Any) -> None:
+        from canvasagent.easel.semantic import TASK_NAMES
+        from canvasagent.easel.tasks import CATEGORIES
+
+        if cfg.kind != "grpo":
+            raise ValueError("data.format=easel is a GRPO task source (SFT data: `canvasagent easel data`)")
+        super().validate(cfg)
+        e = cfg.easel
+        bad = [c for c in e.categories if c not in CATEGORIES] + [n for n in e.semantic if n not in TASK_NAMES]
+        if bad:
+            raise ValueError(f"easel: unknown categories/semantic tasks {bad}; choose from {list(CATEGORIES)} / {list(TASK_NAMES)}")
+        unknown = sorted(set(e.reward_weights) - set(EASEL_COMPONENTS))
+        if unknown:
+            raise ValueError(f"easel.reward_weights: unknown components {unknown}; choose from {list(EASEL_COMPONENTS)}")
+        if (e.resolution is not None and e.resolution < 16) or (e.budget is not None and e.budget < 1):
+            raise ValueError("easel.resolution must be >= 16 and easel.budget >= 1")
+
+    def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
+        from canvasagent.training import easel_env
+
+        return easel_env.grpo_rows(cfg.easel)
+
+    def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
+        """The configured categories and semantic tasks drawn with `seed`, the first `n` when given."""
+        from canvasagent.training import easel_env
+
+        e = cfg.easel if seed is None else replace(cfg.easel, seed=seed)
+        return [easel_env.agent_task_of(s) for s in easel_env.task_specs(e)][:n]
+
+    def env(self, cfg: Any) -> tuple[type, ToolboxFactory]:
+        # EASEL episodes act on a canvas session, not on a toolbox from tools.config.
+        from canvasagent.training.easel_env import make_easel_env_class
+
+        env_cls = make_easel_env_class(cfg.grpo.max_turns, cfg.easel.coords)
+        return env_cls, env_cls._toolbox_factory
+
+    def scorer(self, cfg: Any, toolbox: Any = None) -> HybridScorer:
+        return easel_scorer(cfg.easel.reward_weights, cfg.grpo.reward_preset)
+
+    def dry_run_data(self, cfg: Any, toolbox_factory: ToolboxFactory) -> dict[str, Any]:
+        rows = self.grpo_rows(cfg, toolbox_factory)  # procedural references: cheap, and proves the spec is valid
+        return {"format": self.name, "rows": len(rows), "example": json.loads(rows[0]["task"]).get("instruction") if rows else None}
+
+
+class EaselData(_EaselLayout):
+    """An EASEL-Data build at data.path (`c1.jsonl` / `c2.jsonl`, curricula `easel.curricula`), SFT."""
+
+    name = "easel-data"
+    kinds = ("sft",)
+
+    def validate(self, cfg: Any) -> None:
+        if cfg.kind != "sft" or cfg.tools.family != "easel" or not cfg.data.path:
+            raise ValueError("data.format=easel-data is SFT data: kind sft, tools.family easel, data.path = the build")
+        super().validate(cfg)
+        bad = sorted(set(cfg.easel.curricula) - {"C1", "C2"})
+        if bad:
+            raise ValueError(f"easel.curricula: unknown {bad}; choose from C1, C2")
+
+    def path_hint(self, cfg: Any) -> str:
+        return " (build it with `canvasagent easel data --out DIR`)"
+
+    def sft_rows(self, cfg: Any, system: str, toolbox_factory: ToolboxFactory) -> Rows:
+        from canvasagent.training import easel_env
+
+        return easel_env.sft_rows(cfg, system)
+
+
+# In `task_source` precedence order: an EASEL spec in a task's meta outranks a chain.
+SOURCES: dict[str, Source] = {s.name: s for s in (Scripted(), Easel(), EaselData(), CanvasCraft(), ShareGPT(), RLJson(), Mixed())}
+
+
+def get_source(name: str) -> Source:
+    """The source registered as `name`; ValueError for an unknown one."""
+    try:
+        return SOURCES[name]
+    except KeyError:
+        raise ValueError(f"unknown data.format {name!r}; choose from {', '.join(SOURCES)}") from None
+
+
+def source_of(cfg: Any) -> Source:
+    """The source a training config reads (`data.format`)."""
+    return get_source(cfg.data.format)
+
+
+def task_source(task: Task) -> str:
+    """The source a task came from: `meta["source"]` when its loader set it, else the source whose
+    `meta_key` its meta holds (an EASEL spec: easel; a CanvasCraft chain: canvascraft), else its family."""
+    meta = task.meta or {}
+    if meta.get("source"):
+        return str(meta["source"])
+    for s in SOURCES.values():
+        if s.meta_key and s.meta_key in meta:
+            return s.name
+    return task.family or "unknown"
