@@ -57,6 +57,22 @@ def test_runner_scores_saves_and_resumes(eval_split, tmp_path):
     assert set(s.by_label) == {"R=easy", "L=easy", "L=medium"}
 
 
+def test_a_resumed_run_reads_results_saved_under_a_legacy_total_name(eval_split, tmp_path):
+    """result.json files written when the total was `overall` / `total` resume as `hybrid`."""
+    tasks = load_tasks(eval_split)
+    out = tmp_path / "out"
+    first = EvalRunner(PolicyFactory("scripted:expected"), fake_score, out, EvalConfig(workers=1)).run(tasks)
+    for t, r in zip(tasks, first):
+        f = out / "trajectories" / t.id / "result.json"
+        d = json.loads(f.read_text())
+        hybrid = d["scores"].pop("hybrid")
+        d["scores"].update(overall=hybrid, total=hybrid)
+        f.write_text(json.dumps(d))
+    again = EvalRunner(PolicyFactory("scripted:garbage"), fake_score, out).run(tasks)
+    assert [r.scores for r in again] == [r.scores for r in first]
+    assert summarize(again).metrics["hybrid"] == summarize(first).metrics["hybrid"]
+
+
 def test_scorer_failure_keeps_trajectory(eval_split, tmp_path):
     def broken(traj):
         raise RuntimeError("judge down")

@@ -85,3 +85,23 @@ def test_hybrid_scores_are_finite_and_in_range(replies, expected, preset):
     assert 0.0 <= flat["hybrid"] <= 1.0
     for c in COMPONENTS:
         assert 0.0 <= flat[c] <= 1.0
+
+
+_SCORE_KEYS = st.one_of(st.sampled_from(["hybrid", "total", "overall", *COMPONENTS, "rule/format", "fallbacks"]), st.text(max_size=8))
+
+
+@given(st.dictionaries(_SCORE_KEYS, st.floats(allow_nan=False), max_size=8))
+def test_canonical_scores_reads_every_saved_total_as_hybrid(saved):
+    from rewards.hybrid import HYBRID, LEGACY_TOTALS, canonical_scores
+
+    out = canonical_scores(saved)
+    assert not set(out) & set(LEGACY_TOTALS)
+    assert {k: v for k, v in out.items() if k != HYBRID} == {k: v for k, v in saved.items() if k not in (HYBRID, *LEGACY_TOTALS)}
+    legacy = [saved[k] for k in LEGACY_TOTALS if k in saved]
+    if HYBRID in saved:
+        assert out[HYBRID] == saved[HYBRID]
+    elif legacy:
+        assert out[HYBRID] == legacy[0]
+    else:
+        assert HYBRID not in out
+    assert canonical_scores(out) == out
