@@ -167,6 +167,12 @@ def run_stage(fn: Callable[..., Any], *args: Any, isolate: bool = False, sample_
     return StageRun(value, round(time.perf_counter() - t0, 1), rss.peaks(), isolate)
 
 
+# The subprocess puts this checkout ahead of everything on its path, the working directory included
+# (which `python -m` would put first): it runs this process's code whatever the working directory.
+_CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from canvasagent.stage_runner import _child_main; "
+          "sys.exit(_child_main(sys.argv[2], sys.argv[3]))")
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     # This checkout's packages first, as in this process (an editable install may point elsewhere).
@@ -187,7 +193,7 @@ def _run_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -
     with tempfile.TemporaryDirectory(prefix="stage_") as tmp:
         job, result = Path(tmp) / "job.pkl", Path(tmp) / "result.pkl"
         job.write_bytes(payload)
-        proc = subprocess.Popen([sys.executable, "-m", "canvasagent.stage_runner", str(job), str(result)], env=_child_env())
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(_REPO_ROOT), str(job), str(result)], env=_child_env())
         try:
             rc = proc.wait()
         except BaseException:  # interrupted here: the stage must not outlive us
@@ -298,7 +304,3 @@ def _child_main(job: str, result: str) -> int:
     tmp.write_bytes(pickle.dumps(out))
     tmp.replace(result)
     return 0 if out[0] == "ok" else 1
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1], sys.argv[2]))

@@ -42,6 +42,14 @@ def test_isolated_stage_runs_in_another_process_and_its_memory_is_counted():
     assert not local.isolated and local.value["pid"] == os.getpid()
 
 
+def test_isolated_stage_runs_this_checkout_whatever_the_working_directory(tmp_path, monkeypatch):
+    shadow = tmp_path / "canvasagent"  # another checkout's package, in the working directory
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("raise ImportError('the other checkout')\n")
+    monkeypatch.chdir(tmp_path)
+    assert run_stage(_hold, 1, 0.0, isolate=True).value["sum"] == 10
+
+
 def test_isolated_stage_failure_carries_its_traceback():
     with pytest.raises(StageFailed, match="ValueError: boom") as err:
         run_stage(_fail, "boom", isolate=True)
