@@ -75,7 +75,7 @@ def test_backends_come_from_the_tools_config(tmp_path):
     assert local.tools["OCR"].backend == "rapidocr" and local.tools["OCR"].params["threads"] == 1
     # The serve config's own backend wins over the tools config's.
     own = ServeConfig.from_dict({"backends_from": "offline", "tools": {"OCR": {"backend": "paddleocr"}}})
-    assert own.tools["OCR"].backend == "paddleocr" and own.tools["SR"].backend == "realesrgan-ncnn"
+    assert own.tools["OCR"].backend == "paddleocr" and own.tools["SR"].backend == "realesrgan-torch"
     bad = tmp_path / "bad.yaml"
     bad.write_text("backends:\n  brush_stroke: {name: rapidocr}\n")
     with pytest.raises(ServeConfigError, match="not a served tool"):

