@@ -10,7 +10,7 @@ once with every stage in the driver's process (`Pipeline.run(isolate=False)`), o
 stage in a fresh subprocess (the default).
 Both use configs/tools/offline.yaml (SR released between calls). It prints each stage's peak RSS
 (the driver plus its stage subprocess) for both runs and compares the report's metrics JSON. Then
-it measures one Real-ESRGAN x4plus (ncnn, CPU) backend: resident memory after a call with
+it measures the offline SR backend (configs/tools/offline.yaml: Real-ESRGAN x4plus): resident memory after a call with
 `keep_loaded: true` and `false`, and the reload time `false` costs per call.
 Results here: benchmarks/results/pipeline_memory.md.
 """
@@ -54,12 +54,13 @@ def _sr_resident() -> dict[str, float]:
     from toolserver.backends import build_backend
     from toolserver.config import ToolsConfig
 
-    params = dict(ToolsConfig.load("offline").backends["SR"].params)
+    spec = ToolsConfig.load("offline").backends["SR"]
+    params = dict(spec.params)
     img = Image.fromarray((np.random.default_rng(0).random((64, 64, 3)) * 255).astype("uint8"))
     out: dict[str, float] = {}
     for keep in (True, False):
         base = rss_mb()["rss"]
-        sr = build_backend("realesrgan-ncnn", {**params, "keep_loaded": keep})
+        sr = build_backend(spec.name, {**params, "keep_loaded": keep})
         t0 = time.perf_counter()
         sr.upscale_rgb(img)
         first = time.perf_counter() - t0
