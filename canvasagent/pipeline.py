@@ -244,12 +244,6 @@ class Pipeline:
         return write_report(self.out, results)
 
     # -- driver ------------------------------------------------------------------------------------
-    def plan(self) -> dict[str, tuple]:
-        """Each of `STAGES`: its callable and arguments."""
-        return {"data": (self.stage_data,), "eval_base": (self.stage_eval_base,), "sft": (train, self.sft),
-                "eval_sft": (self._evaluate, self.out / "sft" / "final", "eval_sft"), "grpo": (train, self.grpo),
-                "eval_grpo": (self._evaluate, self.out / "grpo" / "final", "eval_grpo"), "report": (self.stage_report,)}
-
     def run(self, only: list[str] | None = None, isolate: bool = True) -> dict[str, Any]:
         """Run the stages not done yet, in order; the report is redrawn every time. With `isolate`
         (the default) every stage but the report runs in a fresh subprocess, so what a stage
@@ -259,7 +253,10 @@ class Pipeline:
         `peak_anon_mb`."""
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "pipeline_config.json").write_text(json.dumps(asdict(self.cfg), indent=2))
-        plan, results = self.plan(), {}
+        plan = {"data": (self.stage_data,), "eval_base": (self.stage_eval_base,), "sft": (train, self.sft),
+                "eval_sft": (self._evaluate, self.out / "sft" / "final", "eval_sft"), "grpo": (train, self.grpo),
+                "eval_grpo": (self._evaluate, self.out / "grpo" / "final", "eval_grpo"), "report": (self.stage_report,)}
+        results: dict[str, Any] = {}
         for stage in STAGES:
             if (only and stage not in only) or (stage == "eval_base" and self.cfg.skip_base_eval):
                 continue

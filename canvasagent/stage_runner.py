@@ -1,20 +1,16 @@
-"""Staged runs: a run folder's stages, each run once, in this process or a fresh subprocess,
-timed and with its peak memory.
+"""Staged runs: the stages of a run folder, each run once, in this process or in a fresh
+subprocess, timed and with its peak memory.
 
-    from canvasagent.stage_runner import StagedRun, train
     stages = StagedRun("runs/main", "pipeline")
-    rec = stages.run("sft", train, sft_config, isolate=True)   # skipped, its record returned, once done
-    rec["final"], rec["seconds"], rec["peak_rss_mb"]
+    rec = stages.run("sft", train, sft_config, isolate=True)  # rec["final"], rec["seconds"], rec["peak_rss_mb"]
 
-`StagedRun` is the one orchestrator of the pipeline, the ablation grid and (through the
-pipeline) the evidence benchmark. A stage's folder is `<root>/<stage>` (a stage name may hold
-slashes: `cells/sft-rl/grpo`); when the stage returns, its record is written atomically to
-`<folder>/done.json`: the stage's return value (a dict) plus `seconds`, `peak_rss_mb` and
-`peak_anon_mb`. A stage with a readable done.json is done: `run` returns that record without
-calling the stage, whatever else the record holds. A stage that raised or whose process was
-killed left no done.json and runs again; resuming what it kept in its folder (checkpoints,
-finished shards, evaluated tasks) is the stage's own business. `train` is the training stage:
-it resumes from the last checkpoint of its output folder.
+`StagedRun` drives the pipeline and the ablation grid (and so the evidence benchmark). Stage `s`
+(a name may hold slashes: `cells/sft-rl/grpo`) is done once `<root>/<s>/done.json` exists: its
+record, the stage's return value (a dict) plus `seconds`, `peak_rss_mb` and `peak_anon_mb`,
+written atomically when the stage returns. `run` returns a done stage's record, whatever else it
+holds, without calling the stage; a stage that raised or was killed left none and runs again
+(resuming what it kept in its folder is its own business: `train` resumes from the last
+checkpoint).
 
 `run_stage` runs one callable, in this process or with `isolate` in a fresh Python
 subprocess. A subprocess bounds a stage's memory by the stage alone: whatever it loaded (tool
@@ -167,8 +163,7 @@ def run_stage(fn: Callable[..., Any], *args: Any, isolate: bool = False, sample_
     return StageRun(value, round(time.perf_counter() - t0, 1), rss.peaks(), isolate)
 
 
-# The subprocess puts this checkout ahead of everything on its path, the working directory included
-# (which `python -m` would put first): it runs this process's code whatever the working directory.
+# The subprocess puts this checkout ahead of its whole path, the working directory included.
 _CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from canvasagent.stage_runner import _child_main; "
           "sys.exit(_child_main(sys.argv[2], sys.argv[3]))")
 
@@ -212,70 +207,6 @@ def _run_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -
     raise StageFailed(f"stage {name} failed in its subprocess: {value}", tb)
 
 
-# ---------------------------------------------------------------------------------- staged runs
-
-
-def _jsonable(o: Any) -> Any:
-    """Numbers (numpy's included) as numbers, anything else (paths) as text."""
-    if isinstance(o, numbers.Integral):
-        return int(o)
-    return float(o) if isinstance(o, numbers.Real) else str(o)
-
-
-def train(cfg: Any) -> dict[str, Any]:
-    """The training stage: `canvasagent.training.run(cfg)`, resuming from the last checkpoint
-    in `cfg.run.output_dir` (a no-op on a fresh folder); its summary without the log history.
-    Module-level, so that it runs isolated."""
-    from canvasagent.training import run  # deferred: imports torch and TRL
-
-    cfg.run.resume = True
-    return {k: v for k, v in run(cfg).items() if k != "log_history"}
-
-
-class StagedRun:
-    """The stages of the run folder `root` (see the module docstring); `label` prefixes the log."""
-
-    def __init__(self, root: str | Path, label: str = "stages"):
-        self.root, self.label = Path(root), label
-
-    def done(self, stage: str) -> dict[str, Any] | None:
-        """The record of a finished stage; None while it has none (or an unreadable one)."""
-        path = self.root / stage / "done.json"
-        try:
-            record = json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        except ValueError:
-            log.warning("[%s] %s: unreadable %s, running the stage again", self.label, stage, path)
-            return None
-        return record if isinstance(record, dict) else None
-
-    def mark(self, stage: str, record: dict[str, Any]) -> dict[str, Any]:
-        """Write `record` as the stage's done.json (atomically) and return it."""
-        folder = self.root / stage
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / "done.json.tmp"
-        tmp.write_text(json.dumps(record, indent=2, default=_jsonable))
-        tmp.replace(folder / "done.json")
-        return record
-
-    def run(self, stage: str, fn: Callable[..., dict[str, Any]], *args: Any, isolate: bool = False,
-            rerun: bool = False, **kwargs: Any) -> dict[str, Any]:
-        """The stage's record: the recorded one if it is done (unless `rerun`), else
-        `fn(*args, **kwargs)` run through `run_stage` and recorded with its time and peaks."""
-        if not rerun and (prev := self.done(stage)) is not None:
-            log.info("[%s] %s: done already, skipping", self.label, stage)
-            return prev
-        log.info("[%s] %s: starting%s", self.label, stage, " (subprocess)" if isolate else "")
-        r = run_stage(fn, *args, isolate=isolate, **kwargs)
-        record = self.mark(stage, {**r.value, "seconds": r.seconds, **r.peaks})
-        log.info("[%s] %s: finished in %.1fs, peak RSS %s MB", self.label, stage, r.seconds, record.get("peak_rss_mb"))
-        return record
-
-
-# ---------------------------------------------------------------------------------- the subprocess
-
-
 def _load_main(path: str) -> None:
     """Import the parent's main script (a stage defined there) under another name, so its
     `if __name__ == "__main__"` block does not run, and let pickle find it as `__main__`."""
@@ -304,3 +235,52 @@ def _child_main(job: str, result: str) -> int:
     tmp.write_bytes(pickle.dumps(out))
     tmp.replace(result)
     return 0 if out[0] == "ok" else 1
+
+
+# ---------------------------------------------------------------------------------- staged runs
+
+
+def _jsonable(o: Any) -> Any:
+    """Numbers (numpy's included) as numbers, anything else (paths) as text."""
+    return int(o) if isinstance(o, numbers.Integral) else float(o) if isinstance(o, numbers.Real) else str(o)
+
+
+def train(cfg: Any) -> dict[str, Any]:
+    """The training stage: `canvasagent.training.run(cfg)` resumed from the last checkpoint in
+    `cfg.run.output_dir` (if any); its summary without the log history."""
+    from canvasagent.training import run  # deferred: imports torch and TRL
+
+    cfg.run.resume = True
+    return {k: v for k, v in run(cfg).items() if k != "log_history"}
+
+
+class StagedRun:
+    """The stages of the run folder `root` (see the module docstring); `label` prefixes the log."""
+
+    def __init__(self, root: str | Path, label: str = "stages"):
+        self.root, self.label = Path(root), label
+
+    def done(self, stage: str) -> dict[str, Any] | None:
+        """The record of a finished stage; None while it has none (or an unreadable one)."""
+        path = self.root / stage / "done.json"
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):  # none, or not JSON: not done
+            return None
+        return record if isinstance(record, dict) else None
+
+    def run(self, stage: str, fn: Callable[..., dict[str, Any]], *args: Any, isolate: bool = False,
+            rerun: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """The stage's record: the recorded one if it is done (unless `rerun`), else
+        `fn(*args, **kwargs)` run through `run_stage`, its record written."""
+        if not rerun and (prev := self.done(stage)) is not None:
+            log.info("[%s] %s: done already, skipping", self.label, stage)
+            return prev
+        log.info("[%s] %s: starting%s", self.label, stage, " (subprocess)" if isolate else "")
+        r = run_stage(fn, *args, isolate=isolate, **kwargs)
+        record, folder = {**r.value, "seconds": r.seconds, **r.peaks}, self.root / stage
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "done.json.tmp").write_text(json.dumps(record, indent=2, default=_jsonable))
+        (folder / "done.json.tmp").replace(folder / "done.json")
+        log.info("[%s] %s: finished in %.1fs, peak RSS %s MB", self.label, stage, r.seconds, record.get("peak_rss_mb"))
+        return record

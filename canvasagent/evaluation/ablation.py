@@ -250,10 +250,8 @@ class AblationRunner:
 
     def _train(self, kind: str, config: str, out: Path, overrides: Callable[[], dict[str, Any]]) -> Path:
         """A training stage of the grid; `overrides` is called only when the stage runs."""
-        def stage() -> dict[str, Any]:
-            return {"final": str(self.trainer(kind, config, out, overrides(), out / "train.log"))}
-
-        return Path(self.stages.run(str(out.relative_to(self.out)), stage)["final"])
+        rec = self.stages.run(str(out.relative_to(self.out)), lambda: {"final": str(self.trainer(kind, config, out, overrides(), out / "train.log"))})
+        return Path(rec["final"])
 
     def _sft(self) -> Path:
         return self._train("sft", self.cfg.train.sft_config, self.out / "sft",
