@@ -3,7 +3,7 @@ and the ablation grid.
 
 A `HybridScorer` is a callable `trajectory -> dict[str, float]` in the reward vocabulary
 (`rewards.hybrid`): `hybrid` is the total, `align`, `aes`, `traj`, `rule` its components, and
-`<component>/<term>` their sub-terms. Every scorer's dict holds `hybrid`. The EASEL scorer
+`<component>/<term>` their sub-terms; a scorer's dict always holds `hybrid`. The EASEL scorer
 (`easel_scorer`) adds `easel_s` (the final canvas's S) and the rule reward's `format` and
 `action` terms. `weights` maps the components GRPO optimises to their weights, so that
 Σ weight·component is `hybrid` (or `hybrid` itself carries weight 1 where the total is not a
@@ -51,7 +51,9 @@ class HybridScorer:
     on_excess_fallbacks: str = "drop"
 
     def __call__(self, traj: Trajectory) -> dict[str, float]:
-        return self.score(traj)
+        """The scores of `traj` with `hybrid` (`total` of the components where `score` gives none)."""
+        s = self.score(traj)
+        return s if HYBRID in s else {**s, HYBRID: self.total(s)}
 
     def total(self, scores: dict[str, float]) -> float:
         """`scores["hybrid"]` when the scorer gave it, else Σ weight·component (missing: 0)."""

@@ -19,6 +19,7 @@ from canvasagent.core.policies.guards import GuardConfig
 from canvasagent.core.tasks import Task
 from canvasagent.core.trajectory import Trajectory
 from canvasagent.training.messages import LayoutPolicy, system_text
+from canvasagent.training.rewarding import rollout_diagnostics
 from canvasagent.evaluation.scoring import HybridScorer
 
 log = logging.getLogger(__name__)
@@ -50,17 +51,12 @@ class EvalResult:
         return policy_metrics([self.results[i] for i in indices])
 
 
-def format_validity(trajs: list[Trajectory]) -> float:
-    turns = [t for tr in trajs for t in tr.turns]
-    return sum(not t.findings for t in turns) / len(turns) if turns else 0.0
-
-
 def training_scorer(scorer: HybridScorer):
     """Per episode: the scorer's dict (components and `hybrid`) plus the episode's format validity."""
 
     def score(traj: Trajectory) -> dict[str, float]:
-        s = scorer.score(traj)
-        s["format_validity"] = format_validity([traj])
+        s = scorer(traj)
+        s["format_validity"] = rollout_diagnostics(traj)["format_validity"]
         return s
 
     return score

@@ -1,39 +1,32 @@
 """Task sources: the one registry of where a run's rows, rollout env, reward and held-out tasks come from.
 
-`data.format` names a source in `SOURCES`. Every module that needs something source-specific
-asks the source (`source_of(cfg)`) instead of switching on the name or on a toolbox type:
-
-| source | feeds | data.path | rows | env / reward |
-|---|---|---|---|---|
-| scripted | SFT, GRPO | — | templated pure-tool chains run through the core loop | tool env / hybrid |
-| canvascraft | SFT, GRPO | a `python -m canvascraft build-sft/build-rl` build | parquet shards | tool env / hybrid |
-| sharegpt, rl-json | SFT, GRPO | a file in the public format | canvascraft's readers | tool env / hybrid |
-| mixed | SFT, GRPO | the CanvasCraft build | scripted + canvascraft, in that order | tool env / hybrid |
-| easel | GRPO | — | EASEL tasks (`easel` section) | `EaselEnv` / `easel_s` + rule terms |
-| easel-data | SFT | a `canvasagent easel data` build | next-stroke samples as GRPO-layout rows | tool env (easel family) |
-
-A source gives: `validate(cfg)` (raises ValueError), `sft_rows` / `grpo_rows` (rows in
-`messages`' layout; a source that cannot feed a run kind refuses it with ValueError), `env(cfg)`
-(the TRL environment class and its toolbox factory), `scorer(cfg, toolbox)` (a
-`canvasagent.evaluation.scoring.HybridScorer`), `eval_tasks` (held-out tasks, never training
-ones) and the preflight / dry-run facts (`needs_path`, `path_hint`, `needs_toolserver`,
-`uses_tools_config`, `judged`, `dry_run_data`). Configs are read duck-typed: this module never
-imports `training.config` (the config validates through it).
+`data.format` names a source in `SOURCES` (scripted, canvascraft, sharegpt, rl-json, mixed =
+scripted + canvascraft, easel, easel-data); every module that needs something source-specific
+asks `source_of(cfg)` instead of switching on the name or on a toolbox type. A source gives
+`validate(cfg)` (ValueError), `sft_rows` / `grpo_rows` (rows in `messages`' layout; a run kind
+it cannot feed is refused with ValueError), `env(cfg)` (TRL environment class, toolbox factory),
+`scorer(cfg, toolbox)` (a `canvasagent.evaluation.scoring.HybridScorer`), `eval_tasks`
+(held-out tasks, never training ones) and the preflight / dry-run facts (`needs_path`, `hint`,
+`needs_toolserver`, `uses_tools_config`, `judged`, `dry_run_data`). Configs are read
+duck-typed: the config validates through this module, so it never imports `training.config`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import replace
 from typing import Any, Callable
 
+from canvascraft.build import shard_files
+
 from canvasagent.core.tasks import Task
 from canvasagent.evaluation.scoring import EASEL_COMPONENTS, HybridScorer, easel_scorer, make_scorer
+from canvasagent.training import easel_env
 from canvasagent.training.env import make_env_class, toolbox_factory
 from canvasagent.training.messages import grpo_row, sft_example, sharegpt_example
+from canvasagent.training.scripted import attach_reference, make_tasks, run_reference
 
-log = logging.getLogger(__name__)
+# Imported where used: canvascraft's readers load `datasets` (about 2 s), EASEL's tasks torch.
 
 Rows = list[dict[str, Any]]
 ToolboxFactory = Callable[[], Any]
@@ -45,6 +38,7 @@ class Source:
     name = ""
     kinds: tuple[str, ...] = ("sft", "grpo")  # run kinds it can feed
     needs_path = True  # data.path names the data
+    hint = ""  # how to make a missing data.path ({kind}: sft | rl), appended to the preflight line
     family: str | None = None  # the tools.family it requires (None: any)
     judged = True  # its reward runs the preset's judges
     uses_tools_config = True  # its env or rows build a toolbox from tools.config
@@ -59,8 +53,7 @@ class Source:
             raise ValueError(f"data.format={self.name} needs data.path")
 
     def path_hint(self, cfg: Any) -> str:
-        """How to make a missing data.path (appended to the preflight line), or ''."""
-        return ""
+        return self.hint.format(kind="rl" if cfg.kind == "grpo" else "sft")
 
     def needs_toolserver(self, cfg: Any) -> bool:
         """Whether the run calls tools of tools.config: GRPO rollouts always do; SFT only where rows are made by running tools."""
@@ -100,8 +93,6 @@ class Scripted(Source):
 
     def tasks(self, cfg: Any, n: int | None = None, seed: int | None = None) -> list[tuple[Task, list[str]]]:
         """(task, reference replies) pairs; `n` / `seed` default to data.n_train / data.seed."""
-        from canvasagent.training.scripted import make_tasks
-
         d = cfg.data
         return make_tasks(n if n is not None else d.n_train, d.seed if seed is None else seed, d.max_steps_per_task, d.image_size)
 
@@ -109,21 +100,15 @@ class Scripted(Source):
         return True  # SFT rows are the reference replies run through the tools
 
     def sft_rows(self, cfg: Any, system: str, toolbox_factory: ToolboxFactory) -> Rows:
-        from canvasagent.training.scripted import run_reference
-
         toolbox = toolbox_factory()
         return [sft_example(run_reference(t, r, toolbox), system, cfg.image_budget) for t, r in self.tasks(cfg)]
 
     def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
-        from canvasagent.training.scripted import attach_reference
-
         toolbox = toolbox_factory()
         return [grpo_row(attach_reference(t, toolbox)) for t, _ in self.tasks(cfg)]
 
     def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
         """`n` tasks drawn with `seed` (a seed no training stage uses), reference images attached by `toolbox`."""
-        from canvasagent.training.scripted import attach_reference
-
         return [attach_reference(t, toolbox) for t, _ in self.tasks(cfg, n=n, seed=seed)]
 
     def dry_run_data(self, cfg: Any, toolbox_factory: ToolboxFactory) -> dict[str, Any]:
@@ -139,22 +124,15 @@ class CanvasCraft(Source):
 
     name = "canvascraft"
     meta_key = "chain"
-
-    def path_hint(self, cfg: Any) -> str:
-        return f" (build it with `python -m canvascraft build-{'rl' if cfg.kind == 'grpo' else 'sft'} --out DIR`)"
+    hint = " (build it with `python -m canvascraft build-{kind} --out DIR`)"
+    reader = ""  # a canvascraft.formats reader of one file (public formats); "" = the build's shards
 
     def read(self, cfg: Any, kind: str, split: str | None = None) -> Rows:
-        """The rows at data.path of `kind` (sft | rl), of `split` only where the build records splits."""
-        from canvascraft.build import shard_files
-        from canvascraft.formats import read_rows
+        """The rows at data.path: of `kind` (sft | rl) and `split` in a build, every row of a file."""
+        from canvascraft import formats
 
-        return read_rows(shard_files(self._path(cfg), kind, split))
-
-    def _path(self, cfg: Any) -> Any:
         path = cfg.resolve(cfg.data.path)
-        if path is None:
-            raise ValueError(f"data.format={self.name} needs data.path")
-        return path
+        return getattr(formats, self.reader)(path) if self.reader else formats.read_rows(shard_files(path, kind, split))
 
     def sft_rows(self, cfg: Any, system: str, toolbox_factory: ToolboxFactory) -> Rows:
         """Rows that carry the executed trajectory (our parquet, our ShareGPT) go through it;
@@ -188,25 +166,11 @@ class CanvasCraft(Source):
 
 
 class ShareGPT(CanvasCraft):
-    name = "sharegpt"
-    meta_key = None
-
-    def path_hint(self, cfg: Any) -> str:
-        return ""
-
-    def read(self, cfg: Any, kind: str, split: str | None = None) -> Rows:
-        from canvascraft.formats import read_sharegpt
-
-        return read_sharegpt(self._path(cfg))
+    name, meta_key, hint, reader = "sharegpt", None, "", "read_sharegpt"
 
 
-class RLJson(ShareGPT):
-    name = "rl-json"
-
-    def read(self, cfg: Any, kind: str, split: str | None = None) -> Rows:
-        from canvascraft.formats import read_rl_json
-
-        return read_rl_json(self._path(cfg))
+class RLJson(CanvasCraft):
+    name, meta_key, hint, reader = "rl-json", None, "", "read_rl_json"
 
 
 # -- mixed ----------------------------------------------------------------------------------------
@@ -281,22 +245,16 @@ class Easel(_EaselLayout):
             raise ValueError("easel.resolution must be >= 16 and easel.budget >= 1")
 
     def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
-        from canvasagent.training import easel_env
-
         return easel_env.grpo_rows(cfg.easel)
 
     def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
         """The configured categories and semantic tasks drawn with `seed`, the first `n` when given."""
-        from canvasagent.training import easel_env
-
         e = cfg.easel if seed is None else replace(cfg.easel, seed=seed)
         return [easel_env.agent_task_of(s) for s in easel_env.task_specs(e)][:n]
 
     def env(self, cfg: Any) -> tuple[type, ToolboxFactory]:
         # EASEL episodes act on a canvas session, not on a toolbox from tools.config.
-        from canvasagent.training.easel_env import make_easel_env_class
-
-        env_cls = make_easel_env_class(cfg.grpo.max_turns, cfg.easel.coords)
+        env_cls = easel_env.make_easel_env_class(cfg.grpo.max_turns, cfg.easel.coords)
         return env_cls, env_cls._toolbox_factory
 
     def scorer(self, cfg: Any, toolbox: Any = None) -> HybridScorer:
@@ -312,6 +270,7 @@ class EaselData(_EaselLayout):
 
     name = "easel-data"
     kinds = ("sft",)
+    hint = " (build it with `canvasagent easel data --out DIR`)"
 
     def validate(self, cfg: Any) -> None:
         if cfg.kind != "sft" or cfg.tools.family != "easel" or not cfg.data.path:
@@ -321,12 +280,7 @@ class EaselData(_EaselLayout):
         if bad:
             raise ValueError(f"easel.curricula: unknown {bad}; choose from C1, C2")
 
-    def path_hint(self, cfg: Any) -> str:
-        return " (build it with `canvasagent easel data --out DIR`)"
-
     def sft_rows(self, cfg: Any, system: str, toolbox_factory: ToolboxFactory) -> Rows:
-        from canvasagent.training import easel_env
-
         return easel_env.sft_rows(cfg, system)
 
 
