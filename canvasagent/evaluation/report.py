@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from canvasagent.evaluation.metrics import PAPER_METRICS, Summary, TaskResult
 
@@ -18,22 +18,25 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """The one Markdown table of every report: `head` the header cells, each row its cells (str())."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(map(str, cells)) + " |" for cells in rows]
+    return "\n".join(lines)
+
+
 def metrics_table(rows: Mapping[str, Mapping[str, float]], first_header: str = "Setting") -> str:
     """A Markdown table shaped like the paper's Tables 4-5: one row per setting."""
-    head = [first_header] + [h for _, h in PAPER_METRICS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, m in rows.items():
-        cells = [name] + [_fmt(m.get(k), 2 if k == "calls" else 3) for k, _ in PAPER_METRICS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return markdown_table([first_header] + [h for _, h in PAPER_METRICS],
+                          ([name] + [_fmt(m.get(k), 2 if k == "calls" else 3) for k, _ in PAPER_METRICS] for name, m in rows.items()))
 
 
 def tool_table(summary: Summary) -> str:
-    lines = ["| Tool | Calls | Success | Mean s | Errors |", "|---|---|---|---|---|"]
-    for name, st in summary.tools.items():
-        errs = ", ".join(f"{k}×{v}" for k, v in sorted(st.errors.items(), key=lambda kv: -kv[1])) or "–"
-        lines.append(f"| {name} | {st.calls} | {_fmt(st.success_rate)} | {_fmt(st.mean_s, 4)} | {errs} |")
-    return "\n".join(lines)
+    def errors(st: Any) -> str:
+        return ", ".join(f"{k}×{v}" for k, v in sorted(st.errors.items(), key=lambda kv: -kv[1])) or "–"
+
+    return markdown_table(["Tool", "Calls", "Success", "Mean s", "Errors"],
+                          ([name, st.calls, _fmt(st.success_rate), _fmt(st.mean_s, 4), errors(st)] for name, st in summary.tools.items()))
 
 
 def render_markdown(summary: Summary, title: str, setting: str) -> str:
@@ -54,8 +57,8 @@ def render_markdown(summary: Summary, title: str, setting: str) -> str:
         tool_table(summary) if summary.tools else "_no tool calls_",
     ]
     if summary.by_label:
-        parts += ["", "## Hybrid reward by label", "", "| Label | Hybrid | n |", "|---|---|---|"]
-        parts += [f"| {k} | {_fmt(v['hybrid'])} | {int(v['n'])} |" for k, v in summary.by_label.items()]
+        parts += ["", "## Hybrid reward by label", "",
+                  markdown_table(["Label", "Hybrid", "n"], ([k, _fmt(v["hybrid"]), int(v["n"])] for k, v in summary.by_label.items()))]
     return "\n".join(parts) + "\n"
 
 

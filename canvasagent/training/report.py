@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from canvasagent.evaluation.report import markdown_table
+
 COLUMNS = ("format_validity", "rule", "hybrid", "align", "aes", "traj", "success", "terminated", "calls_per_task")
 ROWS = (("eval_base", "before SFT (base)"), ("eval_sft", "after SFT"), ("eval_grpo", "after GRPO"))
 
@@ -20,17 +22,14 @@ def _stage_rows(r: dict[str, Any], label: str, field: str) -> list[tuple[str, di
 
 
 def metrics_table(results: dict[str, Any], field: str = "metrics", suffix: str = "") -> tuple[str, dict[str, dict[str, float]]]:
+    """The stages' held-out metrics (`field` of each stage's record) as a Markdown table and as rows."""
     rows: dict[str, dict[str, float]] = {}
-    lines = ["| stage | n | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
+    cells = []
     for key, label in ROWS:
-        r = results.get(key)
-        if not r:
-            continue
-        for name, m in _stage_rows(r, label + suffix, field):
+        for name, m in _stage_rows(results.get(key) or {}, label + suffix, field):
             rows[name] = {c: m.get(c, float("nan")) for c in COLUMNS}
-            n = int(m.get("n_tasks", 0))
-            lines.append(f"| {name} | {n} | " + " | ".join(f"{m.get(c, float('nan')):.3f}" for c in COLUMNS) + " |")
-    return "\n".join(lines), rows
+            cells.append([name, int(m.get("n_tasks", 0))] + [f"{v:.3f}" for v in rows[name].values()])
+    return markdown_table(["stage", "n", *COLUMNS], cells), rows
 
 
 def _history(path: Path) -> list[dict[str, Any]]:
@@ -75,10 +74,8 @@ def diagnostics_table(summary: dict[str, Any]) -> str:
     if not summary.get("metrics"):
         return ""
     w = summary["window"]
-    lines = [f"| diagnostic | first {w} steps | last {w} steps | min | max |", "|---|---|---|---|---|"]
-    for k, m in summary["metrics"].items():
-        lines.append(f"| {k} | {m['first']:.3f} | {m['last']:.3f} | {m['min']:.3f} | {m['max']:.3f} |")
-    return "\n".join(lines)
+    return markdown_table(["diagnostic", f"first {w} steps", f"last {w} steps", "min", "max"],
+                          ([k, *(f"{m[s]:.3f}" for s in ("first", "last", "min", "max"))] for k, m in summary["metrics"].items()))
 
 
 def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
