@@ -33,7 +33,7 @@ def test_bad_training_key_and_value(capsys):
     assert "unknown config keys ['lerning_rate']" in line and "'learning_rate'" in line
     assert train_main(["sft", "--config", "sft_tiny_cpu", "--set", "data.format=parquet", "--dry-run"]) == 2
     (line,) = _err_lines(capsys)
-    assert line == "error: unknown data.format 'parquet'"
+    assert line == "error: unknown data.format 'parquet'; choose from scripted, easel, easel-data, canvascraft, sharegpt, rl-json, mixed"
     assert train_main(["sft", "--config", "grpo_tiny_cpu", "--dry-run"]) == 2
     (line,) = _err_lines(capsys)
     assert "is a grpo config, not sft" in line
