@@ -34,6 +34,7 @@ from canvasagent.evaluation.api import evaluate_policy
 from canvasagent.evaluation.report import metrics_table
 from canvasagent.evaluation.runner import EvalConfig
 from canvasagent.stage_runner import StagedRun
+from rewards.hybrid import canonical_scores
 from toolserver.config import find_config, from_dict, load_yaml
 
 log = logging.getLogger(__name__)
@@ -154,8 +155,9 @@ class CellResult:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CellResult:
-        """From a cell's done.json (which also holds the stage's peak RSS)."""
-        return cls(**{f.name: record[f.name] for f in fields(cls)})
+        """From a cell's done.json (which also holds the stage's peak RSS); metrics saved under a
+        legacy total name read as `hybrid`."""
+        return cls(**{**{f.name: record[f.name] for f in fields(cls)}, "metrics": canonical_scores(record["metrics"])})
 
 
 class AblationRunner:

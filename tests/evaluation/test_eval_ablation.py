@@ -179,3 +179,18 @@ def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid
     from canvasagent.evaluation.tasks_io import load_tasks
 
     assert [t.expected_tools for t in load_tasks(cc / "rl")] == [["Rotate", "Flip"]] * 2
+
+
+def test_cell_records_written_by_earlier_code_are_read(grid, tmp_path):
+    # A finished cell recorded with the legacy total name and no peak RSS; a reused SFT run with a note.
+    out = tmp_path / "abl"
+    old = {"name": "SFT only", "metrics": {"overall": 0.5, "align": 0.4, "aes": 0.3, "traj": 0.2, "rule": 0.1, "calls": 1.0},
+           "success_rate": 0.25, "valid_reply_rate": 0.75, "checkpoint": str(out / "sft" / "final"), "seconds": 60.0}
+    (out / "cells" / "sft-only").mkdir(parents=True)
+    (out / "cells" / "sft-only" / "done.json").write_text(json.dumps(old, indent=2))
+    (out / "sft").mkdir()
+    (out / "sft" / "done.json").write_text(json.dumps({"final": str(out / "sft" / "final"), "seconds": 0, "note": "reused"}))
+    trainer = FakeTrainer()
+    res = AblationRunner(AblationConfig.load(grid), out, trainer, fake_evaluator([])).run(only=["SFT only", "SFT+RL"])
+    assert [k for k, _ in trainer.calls] == ["grpo"]  # neither the cell nor the SFT run again
+    assert "| SFT only | 0.500 | 0.400 |" in res["markdown"] and "| SFT only | 0.250 | 0.750 | 1.0 |" in res["markdown"]
