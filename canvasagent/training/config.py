@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from canvasagent.core.image_budget import check_budget
+from canvasagent.training.sources import source_of
 from toolserver.config import REPO_ROOT, find_config, from_dict, load_yaml
 
 TINY = "tiny"  # model.name_or_path value meaning "build the tiny offline Qwen3-VL under the run dir"
@@ -161,8 +162,6 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ValueError for a config no run can start from; the data source checks its own
         settings (`training.sources.Source.validate`)."""
-        from canvasagent.training.sources import source_of
-
         if self.kind not in ("sft", "grpo"):
             raise ValueError(f"kind must be sft or grpo, got {self.kind!r}")
         source = source_of(self)

@@ -23,6 +23,8 @@ from canvasagent.core.protocol import parse_reply
 from canvasagent.core.tasks import Task
 from canvasagent.core.trajectory import Trajectory
 from canvasagent.training.messages import reply_text
+from toolserver.client import make_toolbox
+from toolserver.config import ToolsConfig
 from toolserver.registry import ArgSpec, ToolSpec, get_tool, tools
 
 log = logging.getLogger(__name__)
@@ -196,16 +198,12 @@ class CanvasEnv:
 
 def load_tools_config(cfg: Any):
     """The `ToolsConfig` a training config names (tools.config: a configs/tools name or a YAML path)."""
-    from toolserver.config import ToolsConfig
-
     tools_path = cfg.resolve(cfg.tools.config) if cfg.tools.config.endswith((".yaml", ".yml")) else None
     return ToolsConfig.load(str(tools_path) if tools_path else cfg.tools.config)
 
 
 def toolbox_factory(cfg: Any) -> Callable[[], Any]:
     """Builds the toolbox on first use (a Ray/HTTP client connects only when a rollout needs it)."""
-    from toolserver.client import make_toolbox
-
     return lambda: make_toolbox(load_tools_config(cfg))
 
 
