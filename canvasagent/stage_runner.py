@@ -165,7 +165,7 @@ def run_stage(fn: Callable[..., Any], *args: Any, isolate: bool = False, sample_
 
 # The subprocess puts this checkout ahead of its whole path, the working directory included.
 _CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from canvasagent.stage_runner import _child_main; "
-          "sys.exit(_child_main(sys.argv[2], sys.argv[3]))")
+          "sys.exit(_child_main(sys.argv[2], sys.argv[3], int(sys.argv[4])))")
 
 
 def _child_env() -> dict[str, str]:
@@ -188,7 +188,8 @@ def _run_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -
     with tempfile.TemporaryDirectory(prefix="stage_") as tmp:
         job, result = Path(tmp) / "job.pkl", Path(tmp) / "result.pkl"
         job.write_bytes(payload)
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(_REPO_ROOT), str(job), str(result)], env=_child_env())
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(_REPO_ROOT), str(job), str(result), str(os.getpid())],
+                                env=_child_env())
         try:
             rc = proc.wait()
         except BaseException:  # interrupted here: the stage must not outlive us
@@ -221,7 +222,22 @@ def _load_main(path: str) -> None:
     sys.modules["__main__"] = module
 
 
-def _child_main(job: str, result: str) -> int:
+def _exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """End this stage process once `parent` is gone. The parent ends the stage itself when it is
+    interrupted; a parent killed by a signal (SIGTERM, SIGKILL) cannot, and an orphaned stage
+    would keep training for nobody, holding its memory and a core."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        logging.getLogger(__name__).warning("the job that started this stage (pid %d) is gone; ending the stage", parent)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="stage-parent-watch", daemon=True).start()
+
+
+def _child_main(job: str, result: str, parent: int) -> int:
+    _exit_with_parent(parent)
     main_file, inner = pickle.loads(Path(job).read_bytes())
     if main_file:
         _load_main(main_file)

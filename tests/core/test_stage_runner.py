@@ -168,3 +168,38 @@ def test_a_run_killed_mid_stage_reruns_that_stage_only(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0.0", "0.0"]
     assert (root / "first_calls").read_text() == "x" and (root / "second_calls").read_text() == "xx"
+
+
+ORPHAN = """
+import os, sys, time
+from canvasagent.stage_runner import run_stage
+
+def stage(pid_file):
+    open(pid_file, "w").write(str(os.getpid()))
+    time.sleep(600)
+
+if __name__ == "__main__":
+    run_stage(stage, sys.argv[1], isolate=True)
+"""
+
+
+def test_a_stage_ends_when_the_job_that_started_it_is_killed(tmp_path):
+    script, pid_file = tmp_path / "job.py", tmp_path / "stage.pid"
+    script.write_text(ORPHAN)
+    proc = subprocess.Popen([sys.executable, str(script), str(pid_file)])
+    deadline = time.time() + 120
+    while not pid_file.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    stage_pid = int(pid_file.read_text())
+    proc.kill()  # SIGKILL: the job cannot end its stage itself
+    proc.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            os.kill(stage_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(stage_pid, signal.SIGKILL)
+        pytest.fail("the stage subprocess outlived its job")
