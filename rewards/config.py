@@ -206,7 +206,7 @@ class JudgeConfig:
     max_fallback_share: float = 0.2
     on_excess_fallbacks: str = "drop"
     cache_size: int = 4096  # content-hash cache entries (0 disables)
-    max_workers: int = 4  # bounded pool for concurrent judge calls
+    max_workers: int = 4  # concurrent judge calls of a batch (a GRPO step: rollouts x aspects); 1: serial
     http: HttpJudgeConfig = field(default_factory=HttpJudgeConfig)
     local: LocalJudgeConfig = field(default_factory=LocalJudgeConfig)
     offline: OfflineJudgeConfig = field(default_factory=OfflineJudgeConfig)

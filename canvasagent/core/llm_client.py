@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,7 +77,12 @@ class ChatClient:
     def __init__(self, endpoint: ChatEndpoint, client: httpx.Client | None = None):
         self.endpoint = endpoint
         self._client = client or httpx.Client(timeout=httpx.Timeout(endpoint.timeout_s))
-        self.last_attempts = 0  # HTTP attempts the last complete() made (for logs and judges' details)
+        self._local = threading.local()  # a judge's pool shares one client across threads
+
+    @property
+    def last_attempts(self) -> int:
+        """HTTP attempts the calling thread's last complete() made (for logs and judges' details)."""
+        return getattr(self._local, "attempts", 0)
 
     def _headers(self) -> dict[str, str]:
         key = self.endpoint.api_key or os.environ.get(self.endpoint.api_key_env, "")
@@ -88,7 +94,7 @@ class ChatClient:
         body = {"model": ep.model, "messages": messages, **ep.extra_body, **params}
         last = "no attempt made"
         for attempt in range(ep.max_retries + 1):
-            self.last_attempts = attempt + 1
+            self._local.attempts = attempt + 1
             if attempt:
                 time.sleep(ep.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random() / 2))
             try:

@@ -13,7 +13,7 @@ weighted sum). No caller computes a reward itself.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,11 +49,19 @@ class HybridScorer:
     source: str
     max_fallback_share: float = 1.0
     on_excess_fallbacks: str = "drop"
+    # A batch of trajectories -> their `score`s, in order, with their judge calls concurrent
+    # (the hybrid reward's; bounded by judges.max_workers). None: `score` one after another.
+    score_many: Callable[[Sequence[Trajectory]], list[dict[str, float]]] | None = None
 
     def __call__(self, traj: Trajectory) -> dict[str, float]:
         """The scores of `traj` with `hybrid` (`total` of the components where `score` gives none)."""
-        s = self.score(traj)
-        return s if HYBRID in s else {**s, HYBRID: self.total(s)}
+        return self.many([traj])[0]
+
+    def many(self, trajs: Sequence[Trajectory]) -> list[dict[str, float]]:
+        """`self(t)` for each of `trajs`, in order, equal to scoring them one by one; a GRPO step
+        or an evaluation batch waits for its slowest judge call, not for the sum of them."""
+        raw = self.score_many(trajs) if self.score_many is not None else [self.score(t) for t in trajs]
+        return [s if HYBRID in s else {**s, HYBRID: self.total(s)} for s in raw]
 
     def total(self, scores: dict[str, float]) -> float:
         """`scores["hybrid"]` when the scorer gave it, else Σ weight·component (missing: 0)."""
@@ -95,7 +103,7 @@ def make_scorer(preset: str = "paper", judge: str = "offline", toolbox: Any = No
     reward = HybridReward(cfg, toolbox=toolbox, judge_unweighted=every_judge)
     j = cfg.judges
     return HybridScorer(dict(reward.weights), lambda t: numeric(reward.score(t)), f"rewards:{preset}",
-                        j.max_fallback_share, j.on_excess_fallbacks)
+                        j.max_fallback_share, j.on_excess_fallbacks, lambda ts: [numeric(s) for s in reward.score_many(ts)])
 
 
 def easel_scorer(reward_weights: dict[str, float], preset: str = "paper") -> HybridScorer:

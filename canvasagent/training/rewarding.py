@@ -6,9 +6,10 @@ them (`rewards/<name>/mean`). The trajectory is scored once per rollout and cach
 
 The scorer comes from the config's task source (`training.sources.Source.scorer`), built by the
 one scorer bridge `canvasagent.evaluation.scoring` (`make_scorer`, `HybridScorer` are imported
-here under the names the pipeline uses). We wrap it in our own TRL functions (rather than
-`rewards.hybrid.reward_functions`) because each trajectory must first be finished with the reply
-texts that only the completion holds (`env.trajectory_of`).
+here under the names the pipeline uses). Each trajectory is first finished with the reply texts
+that only the completion holds (`env.trajectory_of`); the step's rollouts are then scored as one
+batch (`HybridScorer.many`), so a judge's calls for them run concurrently, `judges.max_workers`
+at a time (1: serial), with the same scores as one by one.
 """
 
 from __future__ import annotations
@@ -87,27 +88,33 @@ class TRLRewards:
         return tuple(sorted(found))
 
     def _scores(self, completions: list, environments: list[CanvasEnv], trainer_state: Any = None) -> list[dict]:
-        fresh: list[Trajectory] = []
-        out = []
-        for comp, env in zip(completions, environments):
-            if env.scores is None:
-                traj = trajectory_of(env, comp)
-                try:
-                    s = self.scorer.score(traj)
-                except Exception:  # a scorer bug must not kill training: score 0 and say so
-                    log.exception("reward scoring failed for %s", traj.task.id)
-                    s = {k: 0.0 for k in self.names}
-                s = {k: (float(v) if v is not None and math.isfinite(float(v)) else 0.0) for k, v in s.items()}
-                s[HYBRID] = self.scorer.total(s)
-                s.update(rollout_diagnostics(traj))
-                env.scores = s
-                fresh.append(traj)
-            out.append(env.scores)
+        fresh = [(env, trajectory_of(env, comp)) for comp, env in zip(completions, environments) if env.scores is None]
+        for (env, traj), s in zip(fresh, self._score_batch([t for _, t in fresh])):
+            s = {k: (float(v) if v is not None and math.isfinite(float(v)) else 0.0) for k, v in s.items()}
+            s[HYBRID] = self.scorer.total(s)
+            s.update(rollout_diagnostics(traj))
+            env.scores = s
+        out = [env.scores for env in environments]
         step = getattr(trainer_state, "global_step", 0) if trainer_state is not None else 0
         if fresh:
             self._guard_fallbacks(out, step)
         if fresh and self.on_scored is not None:
             self.on_scored(step, [trajectory_of(e, c) for c, e in zip(completions, environments)], out)
+        return out
+
+    def _score_batch(self, trajs: list[Trajectory]) -> list[dict]:
+        """The step's rollouts scored together (`HybridScorer.many`: judge calls concurrent)."""
+        try:
+            return self.scorer.many(trajs) if trajs else []
+        except Exception:  # a scorer bug must not kill training: one by one, 0 for a rollout that fails
+            log.exception("reward scoring of %d rollouts failed; scoring them one by one", len(trajs))
+        out = []
+        for traj in trajs:
+            try:
+                out.append(self.scorer(traj))
+            except Exception:
+                log.exception("reward scoring failed for %s", traj.task.id)
+                out.append({k: 0.0 for k in self.names})
         return out
 
     def _guard_fallbacks(self, scores: list[dict], step: int) -> None:

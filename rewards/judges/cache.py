@@ -3,8 +3,9 @@
 GRPO samples n rollouts per task, and a judged aspect often reads identical content (the same
 final image from two rollouts, the same trajectory re-scored for another component), so the
 cache key is the hash of what the judge reads plus the judge's fingerprint, and a repeat call
-is free. HTTP judges spend their time waiting on the network, so calls run in a thread pool
-whose size bounds the load on the judge endpoint.
+is free. HTTP judges spend their time waiting on the network, so a batch's calls (a GRPO step's
+rollouts times their aspects) run in a thread pool whose size, `judges.max_workers`, bounds the
+load on the judge endpoint.
 """
 
 from __future__ import annotations
@@ -42,12 +43,15 @@ class CachedJudge:
         return self.inner.fingerprint()
 
     # -- one call ---------------------------------------------------------------------------------
-    def judge(self, aspect: str, view: TrajectoryView) -> JudgeResult:
+    def _key(self, aspect: str, view: TrajectoryView) -> str | None:
         try:
-            key = f"{self.inner.fingerprint()}|{view.content_hash(aspect)}"
+            return f"{self.inner.fingerprint()}|{view.content_hash(aspect)}"
         except Exception as e:  # hashing an odd image must not stop scoring
             log.warning("cannot hash %s input (%s); judging without cache", aspect, e)
-            key = None
+            return None
+
+    def judge(self, aspect: str, view: TrajectoryView) -> JudgeResult:
+        key = self._key(aspect, view)
         if key is not None and self.cache_size > 0:
             while True:
                 with self._lock:
@@ -85,12 +89,27 @@ class CachedJudge:
 
     # -- many calls -------------------------------------------------------------------------------
     def judge_many(self, jobs: Iterable[tuple[str, TrajectoryView]]) -> list[JudgeResult]:
+        """`judge` of every job, in order, at most `max_workers` at a time (1: one after another).
+
+        The results equal serial ones: a job that reads the same content as an earlier job of the
+        batch runs after the first round, so it meets the cache exactly as it would serially
+        (`cached` set, or judged again after a fallback) whatever the threads' timing."""
         jobs = list(jobs)
         if len(jobs) <= 1 or self.max_workers == 1:
             return [self.judge(a, v) for a, v in jobs]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix=f"judge-{self.name}")
-        return list(self._pool.map(lambda job: self.judge(*job), jobs))
+        seen: set[str | None] = set()
+        rounds: tuple[list[int], list[int]] = ([], [])
+        for i, job in enumerate(jobs):
+            key = self._key(*job) if self.cache_size > 0 else None
+            rounds[key is not None and key in seen].append(i)
+            seen.add(key)
+        out: list[JudgeResult | None] = [None] * len(jobs)
+        for idx in rounds:
+            for i, r in zip(idx, self._pool.map(lambda i: self.judge(*jobs[i]), idx)):
+                out[i] = r
+        return out  # type: ignore[return-value]
 
     def stats(self) -> dict[str, float]:
         return {**self.counter.snapshot(), "judge/cache_hits": float(self.hits), "judge/cache_misses": float(self.misses)}

@@ -118,3 +118,13 @@ def test_no_final_image_is_zero_aesthetic_without_a_call():
     with StubServer(['{"score": 9}']) as srv:
         res = HttpJudge(judge_cfg(srv.base_url).http).judge("aesthetic", TrajectoryView.of(t))
     assert res.score == 0.0 and res.reason == "no_final_image" and not srv.requests
+
+
+def test_a_batch_with_repeated_content_meets_the_cache_as_serially():
+    """The second of two jobs reading the same content is a cache hit, as it would be serially,
+    however the pool's threads are scheduled."""
+    a, b = run([DONE], images=[gradient(40, 32)]), run([DONE], images=[gradient(48, 32)])
+    jobs = [("alignment", TrajectoryView.of(t)) for t in (a, a, b, b)]
+    with StubServer(lambda body: '{"score": 5}', delay_s=0.05) as srv:
+        out = make_judge(judge_cfg(srv.base_url, max_workers=4)).judge_many(jobs)
+    assert [r.cached for r in out] == [False, True, False, True] and len(srv.requests) == 2
