@@ -9,7 +9,7 @@ Modules:
   `local` (a Qwen-VL-family checkpoint through transformers); content-hash cache + bounded pool.
 * `rewards.checks` — the vocabulary of verifiable alignment checks tasks carry (`Task.checks`).
 * `rewards.hybrid` — R = 0.3·align + 0.1·aes + 0.2·traj + 0.4·rule (weights from YAML), a flat
-  dict of every term, and TRL reward functions (`reward_functions`, `trl_reward_setup`).
+  dict of every term (GRPO's TRL reward functions are `canvasagent.training.rewarding`'s).
 * `rewards.config` — the dataclasses behind `configs/reward/{paper,no-outcome,no-process,public-code}.yaml`.
 
     from rewards import HybridReward, score_rule
@@ -30,15 +30,13 @@ __all__ = [
     "RuleConfig",
     "RuleReward",
     "load_reward_config",
-    "reward_functions",
     "score_rule",
-    "trl_reward_setup",
 ]
 
 
 def __getattr__(name: str):
     # The hybrid pulls in the judges (OpenCV, scikit-image, httpx); import it only when asked.
-    if name in ("HybridReward", "reward_functions", "trl_reward_setup"):
+    if name == "HybridReward":
         from rewards import hybrid
 
         return getattr(hybrid, name)

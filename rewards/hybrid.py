@@ -9,20 +9,8 @@
 and every sub-term (`rule/format/json`, `rule/p_eff/repeat`, `aes/sharpness`, `align/fallback`,
 ...), ready for a logger. `score_many` scores a batch with the judges running concurrently.
 
-TRL: `reward_functions(hybrid)` returns one function per component with TRL's signature
-`fn(prompts, completions, **kwargs) -> list[float | None]`, named `reward_<component>` so GRPO
-logs each separately. They find each sample's trajectory in the kwargs:
-
-* `trajectories=[Trajectory | path, ...]` (a custom trainer, or a dataset column of saved
-  trajectory directories), or
-* `environments=[env, ...]` — TRL passes the `environment_factory` instances; each must expose
-  the trajectory as `env.trajectory` or `env.episode.trajectory`.
-
-A sample without a trajectory gets None (TRL turns it into NaN and ignores it). The batch is
-scored once, on the first function called, and cached, so the other functions are free.
-`trl_reward_setup(hybrid)` gives `(functions, reward_weights)` such that TRL's weighted sum is
-exactly `hybrid` (paper mode), or `hybrid` plus zero-weighted components for logging
-(public_code mode, which is not a weighted sum).
+GRPO's TRL reward functions are built from it by `canvasagent.training.rewarding` (through the
+scorer bridge `canvasagent.evaluation.scoring`).
 """
 
 from __future__ import annotations
@@ -32,7 +20,7 @@ import math
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Sequence
 
 from canvasagent.core.trajectory import Trajectory
 from rewards.config import RewardConfig, load_reward_config
@@ -258,63 +246,3 @@ class HybridReward:
 
     def close(self) -> None:
         self.judge.close()
-
-
-# -- TRL --------------------------------------------------------------------------------------
-
-
-def trajectories_from_kwargs(n: int, kwargs: dict[str, Any]) -> list[Trajectory | None]:
-    """Each sample's trajectory from TRL reward kwargs (`trajectories` or `environments`)."""
-    trajs = kwargs.get("trajectories")
-    if trajs is None:
-        envs = kwargs.get("environments") or []
-        trajs = []
-        for env in envs:
-            t = getattr(env, "trajectory", None)
-            if t is None:
-                t = getattr(getattr(env, "episode", None), "trajectory", None)
-            trajs.append(t)
-    trajs = list(trajs)[:n]
-    trajs += [None] * (n - len(trajs))
-    out: list[Trajectory | None] = []
-    for t in trajs:
-        if isinstance(t, (str, Path)) and t:  # a dataset column of saved trajectory paths
-            try:
-                t = Trajectory.load(t)
-            except (OSError, ValueError, KeyError) as e:
-                log.warning("cannot load trajectory %s: %s", t, e)
-                t = None
-        out.append(t if isinstance(t, Trajectory) else None)
-    return out
-
-
-def reward_functions(hybrid: HybridReward, components: Iterable[str] = (HYBRID, *COMPONENTS)) -> list[Callable[..., list[float | None]]]:
-    """One TRL reward function per component (`reward_hybrid`, `reward_align`, ...)."""
-
-    def make(component: str) -> Callable[..., list[float | None]]:
-        def fn(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
-            n = len(completions)
-            trajs = trajectories_from_kwargs(n, kwargs)
-            present = [t for t in trajs if t is not None]
-            if len(present) < n:
-                log.warning("reward_%s: %d of %d samples have no trajectory (None)", component, n - len(present), n)
-            scored = iter(hybrid.score_many(present)) if present else iter(())
-            return [float(next(scored)[component]) if t is not None else None for t in trajs]
-
-        fn.__name__ = fn.__qualname__ = f"reward_{component}"
-        return fn
-
-    return [make(c) for c in components]
-
-
-def trl_reward_setup(hybrid: HybridReward) -> tuple[list[Callable[..., list[float | None]]], list[float]]:
-    """(reward_funcs, reward_weights) for `GRPOConfig(reward_weights=...)`.
-
-    Paper mode: the four components weighted as the preset says, so TRL's weighted sum is the
-    hybrid total and each component is logged. Public-code mode is not a weighted sum, so
-    `reward_hybrid` carries weight 1 and the components weight 0 (logged only).
-    """
-    if hybrid.cfg.mode == "paper":
-        return reward_functions(hybrid, COMPONENTS), [hybrid.weight(c) for c in COMPONENTS]
-    funcs = reward_functions(hybrid, (HYBRID, *COMPONENTS))
-    return funcs, [1.0] + [0.0] * len(COMPONENTS)

@@ -1,17 +1,16 @@
-"""Hybrid reward: presets change the total exactly as their weights say; TRL functions; bad input."""
+"""Hybrid reward: presets change the total exactly as their weights say; memo; bad input."""
 
 from __future__ import annotations
 
 import logging
 import math
 import socket
-from types import SimpleNamespace
 
 import pytest
 from PIL import Image
 
 from rewards.config import HttpJudgeConfig, JudgeConfig, RewardConfig
-from rewards.hybrid import COMPONENTS, HybridReward, reward_functions, trl_reward_setup
+from rewards.hybrid import COMPONENTS, HybridReward
 from tests.rewards.helpers import DONE, R, mask, run
 from tests.stub_openai import StubServer
 from toolserver.toolbox import RecordedOutput
@@ -91,28 +90,16 @@ def test_custom_yaml_preset(tmp_path, trajs):
         RewardConfig.load(bad)
 
 
-# -- TRL ---------------------------------------------------------------------------------------
+# -- memo --------------------------------------------------------------------------------------
 
 
-def test_trl_functions_read_environments_and_sum_to_total(trajs):
+def test_a_rescored_trajectory_is_memoised(trajs):
     h = HybridReward("paper")
-    funcs, weights = trl_reward_setup(h)
-    assert [f.__name__ for f in funcs] == ["reward_align", "reward_aes", "reward_traj", "reward_rule"]
-    envs = [SimpleNamespace(trajectory=trajs[0]), SimpleNamespace(episode=SimpleNamespace(trajectory=trajs[1])), SimpleNamespace()]
-    cols = [f(prompts=[None] * 3, completions=["", "", ""], environments=envs) for f in funcs]
-    assert all(col[2] is None for col in cols)  # no trajectory: None, which TRL turns into NaN
-    for i in range(2):
-        summed = sum(w * col[i] for w, col in zip(weights, cols))
-        assert summed == A(h.score(trajs[i])["hybrid"])
-    misses = h.stats()["judge/cache_misses"]
-    funcs[0](prompts=[None], completions=[""], trajectories=[trajs[0]])
-    assert h.stats()["judge/cache_misses"] == misses  # memoised: scored once per batch
-
-
-def test_trl_public_code_logs_components_with_zero_weight():
-    funcs, weights = trl_reward_setup(HybridReward("public-code"))
-    assert [f.__name__ for f in funcs][0] == "reward_hybrid" and weights == [1.0, 0.0, 0.0, 0.0, 0.0]
-    assert reward_functions(HybridReward("paper"), ["rule"])[0].__name__ == "reward_rule"
+    first = h.score(trajs[0])
+    before = h.stats()
+    assert h.score_many([trajs[0]])[0] is first
+    after = h.stats()  # from the memo: not judged, not even looked up in the judge's cache
+    assert (after["judge/cache_hits"], after["judge/cache_misses"]) == (before["judge/cache_hits"], before["judge/cache_misses"])
 
 
 # -- bad input ---------------------------------------------------------------------------------
@@ -174,16 +161,13 @@ def test_unreachable_or_non_numeric_judge_gives_fallback_total(trajs, reply, cap
     assert flat["hybrid"] == A(0.3 * flat["align"] + 0.1 * flat["aes"] + 0.2 * 0.3 + 0.4 * flat["rule"])
 
 
-def test_compat_api_for_trainers(trajs, tmp_path):
+def test_compat_api_for_trainers(trajs):
     h = HybridReward.from_preset("no-outcome", judge="offline")
     assert h.weights == {"align": 0.0, "aes": 0.0, "traj": 0.2, "rule": 0.4}
     comps = h.components(trajs[0])
     assert sum(w * comps[k] for k, w in h.weights.items()) == A(comps["hybrid"])
     pc = HybridReward.from_preset("public-code")
     assert pc.weights == {"hybrid": 1.0}
-    trajs[0].save(tmp_path / "t0")
-    fn = reward_functions(h, ["hybrid"])[0]
-    assert fn(prompts=[None, None], completions=["", ""], trajectories=[str(tmp_path / "t0"), str(tmp_path / "nope")])[1] is None
 
 
 def test_training_can_skip_unweighted_judges(trajs):
