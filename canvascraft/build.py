@@ -331,3 +331,17 @@ def shard_files(out: str | Path, kind: str | None = None, split: str | None = No
     if kind is not None and m["kind"] != kind:
         raise ValueError(f"{out} is a {m['kind']} build, not {kind}")
     return sorted(Path(out) / s["file"] for s in m["shards"].values() if split is None or s["split"] == split)
+
+
+def read_tasks(out: str | Path, split: str) -> list:
+    """The runnable `Task`s of the RL build at `out`, its `split` (train | eval) shards in order:
+    the one reader of a build's tasks (training sources, evaluation splits). Raises
+    FileNotFoundError when `out` holds no manifest, ValueError for an SFT build or a build
+    without `split` shards."""
+    from canvascraft.formats import read_rows  # both load `datasets` (about 2 s)
+    from canvascraft.rl import tasks_of
+
+    files = shard_files(out, "rl", split)
+    if not files:
+        raise ValueError(f"{out} is a CanvasCraft RL build without {split!r} shards" + (" (build with eval_n > 0)" if split == "eval" else ""))
+    return tasks_of(read_rows(files), split)

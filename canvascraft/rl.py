@@ -316,6 +316,12 @@ def _reference_passes(traj: Trajectory, check: dict[str, Any], toolbox: Any) -> 
     return r.verifiable and r.passed
 
 
+def tasks_of(rows: list[dict[str, Any]], split: str) -> list[Task]:
+    """The `Task`s of the rows in `split`; a row without one (a public rl.json record) is a train row."""
+    keep = (None, split) if split == "train" else (split,)
+    return [task_of(r) for r in rows if r.get("split") in keep]
+
+
 def task_of(row: dict[str, Any]) -> Task:
     """A runnable `Task` from an RL row (images as cells with PNG bytes)."""
     from canvasagent.core.imageio import open_image

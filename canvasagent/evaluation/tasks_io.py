@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-from typing import Iterable
+from canvascraft.build import MANIFEST, read_tasks
 
 from canvasagent.core.imageio import ImageLoadError, open_image, resolve_path
 from canvasagent.core.tasks import Task
@@ -131,19 +131,12 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
 
 def _canvascraft_tasks(p: Path, split: str) -> list[Task] | None:
     """Tasks of a CanvasCraft RL build directory, or None when `p` is not one."""
+    if not (p / MANIFEST).is_file():
+        return None
     try:
-        from canvascraft.build import load_manifest, shard_files
-    except ImportError:
-        return None
-    if p.is_file() or load_manifest(p) is None:
-        return None
-    from canvascraft.formats import read_rows
-    from canvascraft.rl import task_of
-
-    files = [f for f in shard_files(p, split=split) if f.name.startswith("rl-")]
-    if not files:
-        raise TaskLoadError(f"{p} is a CanvasCraft build without RL {split!r} shards (build with eval_n > 0)")
-    return [task_of(row) for row in read_rows(files)]
+        return read_tasks(p, split)
+    except ValueError as e:  # an SFT build, or no `split` shards
+        raise TaskLoadError(str(e)) from None
 
 
 def load_tasks(

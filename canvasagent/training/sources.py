@@ -17,7 +17,7 @@ import json
 from dataclasses import replace
 from typing import Any, Callable
 
-from canvascraft.build import shard_files
+from canvascraft.build import read_tasks, shard_files
 
 from canvasagent.core.tasks import Task
 from canvasagent.evaluation.scoring import EASEL_COMPONENTS, HybridScorer, easel_scorer, make_scorer
@@ -127,12 +127,12 @@ class CanvasCraft(Source):
     hint = " (build it with `python -m canvascraft build-{kind} --out DIR`)"
     reader = ""  # a canvascraft.formats reader of one file (public formats); "" = the build's shards
 
-    def read(self, cfg: Any, kind: str, split: str | None = None) -> Rows:
-        """The rows at data.path: of `kind` (sft | rl) and `split` in a build, every row of a file."""
+    def read(self, cfg: Any, kind: str) -> Rows:
+        """The rows at data.path: of `kind` (sft | rl) in a build, every row of a file."""
         from canvascraft import formats
 
         path = cfg.resolve(cfg.data.path)
-        return getattr(formats, self.reader)(path) if self.reader else formats.read_rows(shard_files(path, kind, split))
+        return getattr(formats, self.reader)(path) if self.reader else formats.read_rows(shard_files(path, kind))
 
     def sft_rows(self, cfg: Any, system: str, toolbox_factory: ToolboxFactory) -> Rows:
         """Rows that carry the executed trajectory (our parquet, our ShareGPT) go through it;
@@ -152,10 +152,9 @@ class CanvasCraft(Source):
         return out
 
     def _tasks(self, cfg: Any, split: str) -> list[Task]:
-        from canvascraft.rl import task_of
+        from canvascraft.rl import tasks_of
 
-        keep = (None, split) if split == "train" else (split,)
-        return [task_of(r) for r in self.read(cfg, "rl", split) if r.get("split") in keep]
+        return tasks_of(self.read(cfg, "rl"), split) if self.reader else read_tasks(cfg.resolve(cfg.data.path), split)
 
     def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
         return [grpo_row(t) for t in self._tasks(cfg, "train")]

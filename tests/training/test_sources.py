@@ -72,6 +72,33 @@ def test_preflight_facts_come_from_the_source(tmp_path):
     assert not cc.needs_toolserver(sft) and cc.needs_toolserver(grpo)  # SFT on a build only reads it
 
 
+
+def test_evaluation_reads_a_build_with_the_sources_reader(tmp_path, rl_build):
+    """`load_tasks` on a build folder and the canvascraft source's held-out tasks are one reader's;
+    a build that cannot give the split is refused with what to do."""
+    import shutil
+
+    from canvasagent.evaluation.tasks_io import TaskLoadError, load_tasks
+
+    cfg = _grpo(tmp_path, **{"data.format": "canvascraft", "data.path": str(rl_build)})
+    held = eval_tasks(cfg, None, None, None, source="canvascraft")
+    loaded = load_tasks(rl_build)
+    assert [t.id for t in loaded] == [t.id for t in held] and len(held) == 2
+    assert [t.instruction for t in loaded] == [t.instruction for t in held]
+    assert [t.id for t in load_tasks(rl_build, split="train")] == [json.loads(r["task"])["id"] for r in grpo_rows(cfg, None)]
+    no_eval = tmp_path / "no-eval"
+    shutil.copytree(rl_build, no_eval)
+    m = json.loads((no_eval / "manifest.json").read_text())
+    m["shards"] = {k: v for k, v in m["shards"].items() if v["split"] != "eval"}  # what eval_n: 0 records
+    (no_eval / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(TaskLoadError, match=r"RL build without 'eval' shards \(build with eval_n > 0\)"):
+        load_tasks(no_eval)
+    with pytest.raises(ValueError, match="without 'eval' shards"):
+        eval_tasks(_grpo(tmp_path, **{"data.format": "canvascraft", "data.path": str(no_eval)}), None, None, None, source="canvascraft")
+    (no_eval / "manifest.json").write_text(json.dumps({**m, "kind": "sft"}))
+    with pytest.raises(TaskLoadError, match="is a sft build, not rl"):
+        load_tasks(no_eval)
+
 def test_mixed_is_scripted_then_canvascraft_and_eval_tasks_are_held_out(tmp_path, rl_build):
     cfg = _grpo(tmp_path, **{"data.format": "mixed", "data.path": str(rl_build)})
     factory = toolbox_factory(cfg)
