@@ -18,7 +18,7 @@ from canvasagent.core.models import (
     load_processor,
 )
 from canvasagent.core.models.special_tokens import QWEN_SPECIAL_TOKENS
-from canvasagent.core.models.tiny import qwen3_vl_chat_template
+from canvasagent.core.models.tiny import TinyQwen3VLSpec, qwen3_vl_chat_template
 from tests.fixtures_models import tiny_qwen3vl_dir  # noqa: F401  (fixture)
 
 
@@ -280,3 +280,30 @@ def test_importing_special_tokens_is_cheap():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_named_sizes_build_and_an_unknown_size_is_refused(tmp_path):
+    from canvasagent.core.models.tiny import TINY_SIZES, tiny_spec
+    from canvasagent.training.config import TrainConfig
+
+    assert tiny_spec("xs") == TinyQwen3VLSpec()
+    with pytest.raises(ValueError, match="unknown tiny model size 'xl'"):
+        tiny_spec("xl")
+    with pytest.raises(ValueError, match="model.tiny_size 'xl' unknown"):
+        TrainConfig.load("sft_tiny_cpu", {"model.tiny_size": "xl"})
+    # The cached tiny_base follows the configured seed and size: a changed one is rebuilt.
+    from dataclasses import asdict
+
+    from canvasagent.training.common import _tiny_model_matches
+
+    cfg = TrainConfig.load("sft_tiny_cpu", {"run.output_dir": str(tmp_path / "run")})
+    out = tmp_path / "tiny_base"
+    assert not _tiny_model_matches(out, cfg)
+    out.mkdir()
+    (out / "canvasagent_tiny.json").write_text(json.dumps({"seed": 0, "spec": asdict(tiny_spec("xs"))}))
+    assert _tiny_model_matches(out, cfg)
+    cfg.model.tiny_size = "s"
+    assert not _tiny_model_matches(out, cfg)
+    cfg.model.tiny_size, cfg.model.tiny_seed = "xs", 1
+    assert not _tiny_model_matches(out, cfg)
+    assert TINY_SIZES["s"]["hidden_size"] > TinyQwen3VLSpec().hidden_size
