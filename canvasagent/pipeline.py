@@ -200,11 +200,10 @@ class Pipeline:
         out["eval_chains"] = {source: dict(Counter("+".join(t.expected_tools) for t in tasks)) for source, tasks in sets.items()}
         return out
 
-    def _evaluate(self, model_dir: Path, name: str, limit: int | None = None, sampled: bool = True) -> dict[str, Any]:
-        """All held-out tasks in one run; metrics overall and per source."""
-        from canvasagent.core.models import load_policy, load_processor
+    def _evaluate(self, model_dir: Path, name: str, limit: int | None = None) -> dict[str, Any]:
+        """All held-out tasks in one `evaluate_checkpoint` run (resumable, under <stage>/greedy|sampled); metrics overall and per source."""
         from canvasagent.training.common import workspace
-        from canvasagent.training.evaluate import evaluate_model
+        from canvasagent.training.evaluate import evaluate_checkpoint
         from canvasagent.training.rewarding import make_scorer
 
         ws = workspace(self.sft)
@@ -215,21 +214,16 @@ class Pipeline:
             tasks += ts[:limit]
             sources += [source] * len(ts[:limit])
         index = {s: [i for i, x in enumerate(sources) if x == s] for s in dict.fromkeys(sources)}
-        model, processor = load_policy(str(model_dir)), load_processor(str(model_dir))
-        common = dict(scorer=scorer, toolbox=toolbox, tool_fns=ws.tool_fns, max_turns=self.grpo.grpo.max_turns,
-                      max_new_tokens=self.cfg.eval_max_new_tokens, model=model, processor=processor,
-                      image_budget=self.grpo.image_budget)
-        # Trajectories and per-task results under <stage>/greedy and <stage>/sampled: an
-        # interrupted evaluation stage resumes there.
-        res = evaluate_model(model_dir, tasks, out_dir=self.out / name / "greedy", **common)
-        out: dict[str, Any] = {"model": str(model_dir), "metrics": res.metrics, "per_task": res.scores, "scorer": scorer.source,
-                               "task_sources": sources, "by_source": {s: {"metrics": res.metrics_for(ix)} for s, ix in index.items()}}
-        if sampled and self.cfg.eval_samples > 0:
-            smp = evaluate_model(model_dir, tasks, out_dir=self.out / name / "sampled", temperature=self.grpo.grpo.temperature,
-                                 samples=self.cfg.eval_samples, seed=self.cfg.seed, **common)
-            out.update(metrics_sampled=smp.metrics, per_task_sampled=smp.scores)
-            for s, ix in index.items():
-                out["by_source"][s]["metrics_sampled"] = smp.metrics_for(ix)
+        res = evaluate_checkpoint(model_dir, tasks, scorer, toolbox, ws.tool_fns, self.out / name, max_turns=self.grpo.grpo.max_turns,
+                                  max_new_tokens=self.cfg.eval_max_new_tokens, temperature=self.grpo.grpo.temperature,
+                                  samples=self.cfg.eval_samples, seed=self.cfg.seed, image_budget=self.grpo.image_budget)
+        out: dict[str, Any] = {"model": str(model_dir), "scorer": scorer.source, "task_sources": sources,
+                               "by_source": {s: {} for s in index}}
+        for mode, suffix in (("greedy", ""), ("sampled", "_sampled")):
+            if mode in res:
+                out.update({f"metrics{suffix}": res[mode].metrics, f"per_task{suffix}": res[mode].scores})
+                for s, ix in index.items():
+                    out["by_source"][s][f"metrics{suffix}"] = res[mode].metrics_for(ix)
         return out
 
     def stage_eval_base(self) -> dict[str, Any]:

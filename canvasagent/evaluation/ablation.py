@@ -6,15 +6,17 @@ Cells: SFT only, RL only, SFT+RL, SFT+RL without the outcome reward, SFT+RL with
 reward. Training goes through the training CLI (`python -m canvasagent.train sft|grpo`, one
 subprocess per run, so each run has a clean process and its own log); the reward ablations are
 GRPO runs whose `grpo.reward_preset` names a preset in configs/reward/. The SFT run is shared by
-every cell that starts from it. Each trained policy is evaluated with `canvasagent eval`'s runner
-on the same split, and the grid is written as one Table-5-shaped table plus training curves.
+every cell that starts from it. Each trained checkpoint is evaluated on the same split by the
+pipeline's evaluator (`training.evaluate.evaluate_checkpoint`: the training layout, greedy, and
+with `eval.samples` also sampled at the GRPO temperature), every cell scored by the same reward,
+and the grid is written as one Table-5-shaped table plus training curves.
 
 The stages run through `canvasagent.stage_runner.StagedRun`. Layout under `--out` (a rerun skips
 every finished stage and resumes unfinished training):
 
     sft/                      the shared SFT run (train.log, metrics.jsonl, final/)
     cells/<cell>/grpo/        the cell's GRPO run
-    cells/<cell>/eval/        trajectories + report of the cell's evaluation
+    cells/<cell>/eval/greedy/ trajectories + report of the cell's evaluation (sampled/: with eval.samples)
     cells/<cell>/done.json    the cell's metrics (written last)
     table.md, table.json, curves.png
 """
@@ -30,9 +32,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from canvasagent.evaluation.api import evaluate_policy
-from canvasagent.evaluation.report import metrics_table
-from canvasagent.evaluation.runner import EvalConfig
+from canvasagent.evaluation.metrics import summarize
+from canvasagent.evaluation.report import metrics_table, write_report
 from canvasagent.stage_runner import StagedRun
 from rewards.hybrid import canonical_scores
 from toolserver.config import find_config, from_dict, load_yaml
@@ -70,8 +71,11 @@ class EvalSection:
     judge: str = "offline"
     preset: str = "paper"  # the reward that *scores* every cell (fixed across cells, whatever they trained on)
     max_turns: int = 4
-    workers: int = 1
+    workers: int = 1  # unused (tasks run in order, seeded); kept so existing grids load
     limit: int | None = None
+    # Besides greedy: episodes per task sampled at the GRPO temperature (0: greedy only).
+    samples: int = 0
+    # max_new_tokens, HFGenerationConfig fields (dtype, device); the layout and tools are the training ones.
     policy_options: dict[str, Any] = field(default_factory=lambda: {"max_new_tokens": 96, "layout": "train"})
 
 
@@ -156,8 +160,10 @@ class CellResult:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CellResult:
         """From a cell's done.json (which also holds the stage's peak RSS); metrics saved under a
-        legacy total name read as `hybrid`."""
-        return cls(**{**{f.name: record[f.name] for f in fields(cls)}, "metrics": canonical_scores(record["metrics"])})
+        legacy total name read as `hybrid`, legacy `calls` as `calls_per_task`."""
+        m = canonical_scores(record["metrics"])
+        m.setdefault("calls_per_task", m.get("calls", float("nan")))
+        return cls(**{**{f.name: record[f.name] for f in fields(cls)}, "metrics": m})
 
 
 class AblationRunner:
@@ -165,7 +171,7 @@ class AblationRunner:
         self.cfg = config
         self.out = Path(out_dir).resolve()
         self.trainer = trainer or cli_trainer(config.train.launcher)
-        self.evaluator = evaluator or evaluate_policy
+        self.evaluator = evaluator or self.evaluate
         self._data_cache: dict[str, Any] | None = None
         self.stages = StagedRun(self.out, "ablation")
 
@@ -223,8 +229,7 @@ class AblationRunner:
         common = {"data.format": "canvascraft", "tools.names": tools}
         self._data_cache = {"sft": {**common, "data.path": str(cc / "sft"), **pipe.cfg.sft_overrides},
                             "grpo": {**common, "data.path": str(cc / "rl"), **pipe.cfg.grpo_overrides},
-                            "eval_tasks": str(cc / "rl"), "tools": ",".join(tools),
-                            "tools_config": pipe.grpo.tools.config}
+                            "eval_tasks": str(cc / "rl"), "seed": pipe.cfg.seed}
         return self._data_cache
 
     def eval_tasks(self) -> str:
@@ -264,12 +269,36 @@ class AblationRunner:
             **(self._data()["grpo"] if self.cfg.data else {}), **self.cfg.train.grpo_overrides,
             "grpo.reward_preset": cell.reward_preset, "run.init_from": str(init) if init else None, **cell.grpo_overrides})
 
-    def policy_spec(self, checkpoint: Path) -> str:
-        options = dict(self.cfg.eval.policy_options)
-        if self.cfg.data:  # the policy lists the tools it was trained with
-            options["tools"] = self._data()["tools"]
-        opts = "&".join(f"{k}={v}" for k, v in options.items())
-        return f"hf:{checkpoint}" + (f"?{opts}" if opts else "")
+    def evaluate(self, checkpoint: Path, out: Path, title: str) -> dict[str, Any]:
+        """`evaluate_checkpoint` on the grid's split with the GRPO runs' tools, image budget and
+        temperature, `eval.max_turns`, scored by `eval.preset` with every judge; a report per mode
+        under `out`. Returns {mode: EvalResult}."""
+        from canvasagent.evaluation.scoring import make_scorer
+        from canvasagent.evaluation.tasks_io import load_tasks
+        from canvasagent.training.common import workspace
+        from canvasagent.training.config import TrainConfig
+        from canvasagent.training.evaluate import evaluate_checkpoint
+
+        e, t = self.cfg.eval, self.cfg.train
+        grpo = TrainConfig.load(t.grpo_config, {**(self._data()["grpo"] if self.cfg.data else {}), **t.grpo_overrides})
+        ws = workspace(grpo, build_model=False)
+        toolbox = ws.env_cls.toolbox()
+        options = {k: v for k, v in e.policy_options.items() if k not in ("layout", "tools")}
+        tasks = load_tasks(self.eval_tasks(), limit=e.limit)
+        try:
+            res = evaluate_checkpoint(
+                checkpoint, tasks, make_scorer(e.preset, e.judge, toolbox, every_judge=True),
+                toolbox, ws.tool_fns, out, max_turns=e.max_turns, max_new_tokens=int(options.pop("max_new_tokens", 96)),
+                temperature=grpo.grpo.temperature, samples=e.samples, seed=self._data()["seed"] if self.cfg.data else 0,
+                image_budget=grpo.image_budget, generation=options)
+        finally:
+            toolbox.close()
+        for mode, r in res.items():
+            if len(r.results) < len(tasks):
+                raise AblationError(f"{title!r}: {mode} evaluation incomplete ({len(r.results)}/{len(tasks)}); rerun to resume")
+            write_report(summarize(r.results), r.results, out / mode, title=title, setting=str(checkpoint),
+                         meta={"checkpoint": str(checkpoint), "judge": e.judge, "preset": e.preset, "mode": mode})
+        return res
 
     def run_cell(self, cell: CellSpec) -> CellResult:
         """The cell's stage: its training stages (shared SFT, its GRPO), then its evaluation."""
@@ -280,20 +309,10 @@ class AblationRunner:
         ckpt = self._grpo(cell, sft) if cell.grpo else sft
         if ckpt is None:
             raise AblationError(f"cell {cell.name!r} neither trains SFT nor GRPO: nothing to evaluate")
-        e = self.cfg.eval
-        outcome = self.evaluator(
-            self.policy_spec(ckpt), self.eval_tasks(), self.out / "cells" / slug(cell.name) / "eval", e.judge, e.preset,
-            # A checkpoint trained in the training layout is evaluated as its rollouts ran: a reply
-            # without a tool call ends the episode, as it ends a GRPO rollout.
-            EvalConfig(workers=e.workers, max_turns=e.max_turns, end_without_call=e.policy_options.get("layout") == "train",
-                       **({"tools": self._data()["tools_config"]} if self.cfg.data else {})),
-            e.limit, title=cell.name,
-        )
-        if not outcome.complete:
-            raise AblationError(f"cell {cell.name!r}: evaluation incomplete ({outcome.n_done}/{outcome.n_tasks}); rerun to resume")
-        s = outcome.summary
-        return {"name": cell.name, "metrics": s.metrics, "success_rate": s.success_rate,
-                "valid_reply_rate": s.valid_reply_rate, "checkpoint": str(ckpt)}  # `seconds`: the stage's
+        res = self.evaluator(ckpt, self.out / "cells" / slug(cell.name) / "eval", cell.name)
+        m = res["greedy"].metrics
+        return {"name": cell.name, "metrics": m, "success_rate": m["success"], "valid_reply_rate": m["format_validity"],
+                "checkpoint": str(ckpt), **({"metrics_sampled": res["sampled"].metrics} if "sampled" in res else {})}  # `seconds`: the stage's
 
     def run(self, only: list[str] | None = None) -> dict[str, Any]:
         """Run every cell (or the cells named in `only`); the table covers every finished cell."""

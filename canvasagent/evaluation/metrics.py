@@ -2,8 +2,9 @@
 
 Per task: the hybrid reward `hybrid` and its four components `align`, `aes`, `traj`, `rule` (the
 reward vocabulary of `rewards.hybrid`), and the trajectory length (tool calls made). Over a split: their means
-(paper Tables 4-5), plus the success rate, stop reasons, reply validity and per-tool call
-statistics. Everything here reads saved results, so a report can be rebuilt without rerunning.
+(paper Tables 4-5) with the success rate, reply validity and the rest in one view
+(`policy_metrics`; success is `succeeded`), plus stop reasons and per-tool call statistics
+(`summarize`). Everything here reads saved results, so a report can be rebuilt without rerunning.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ PAPER_METRICS: tuple[tuple[str, str], ...] = (
     ("aes", "Aes."),
     ("traj", "Traj."),
     ("rule", "Rule"),
-    ("calls", "Calls"),
+    ("calls_per_task", "Calls"),
 )
-SCORE_KEYS = tuple(k for k, _ in PAPER_METRICS if k != "calls")
 
 
 @dataclass
@@ -67,23 +67,29 @@ class TaskResult:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
-def strictly_succeeded(scores: dict[str, float]) -> bool:
-    """Every verifiable check of the task passed its threshold (`align/passed`, from the
-    alignment judge), and alignment was measured, not a fallback."""
-    return scores.get("align/passed", 0.0) >= 0.5 and scores.get("align/fallback", 0.0) < 0.5
+# Results saved without per-check verdicts (older scorers) succeed at this mean alignment.
+MATCH_THRESHOLD = 0.95
 
 
-def task_result(traj: Trajectory, scores: dict[str, float], success_threshold: float, seconds: float = 0.0) -> TaskResult:
-    """Summarise a scored trajectory. Success is strict: the policy ended the episode itself and
-    every verifiable check of the task passed (`strictly_succeeded`). The mean alignment is
-    partial credit and is reported as such, never as success; `success_threshold` applies only
-    to scores that carry no per-check verdict (older results)."""
+def succeeded(scores: dict[str, float], match_threshold: float = MATCH_THRESHOLD) -> bool:
+    """THE success of an episode or a task, in every view and report: `align/passed` >= 0.5. Per
+    episode it is 1 only when every verifiable check passed (at least one; a judge fallback never
+    passes); per sampled task it is the mean over episodes, so at least half must pass. Whether the
+    policy ended the episode does not matter. Without `align/passed`: `align` >= `match_threshold`."""
+    if "align/passed" in scores:
+        return scores["align/passed"] >= 0.5
+    return scores.get("align", 0.0) >= match_threshold
+
+
+def task_result(traj: Trajectory, scores: dict[str, float], success_threshold: float = MATCH_THRESHOLD, seconds: float = 0.0) -> TaskResult:
+    """Summarise a scored trajectory; `success` is `succeeded(scores, success_threshold)` (the
+    threshold applies only to scores without per-check verdicts). The mean alignment is partial
+    credit, never success."""
     calls = [
         ToolCallRecord(t.call.name, t.status == "ok", t.error_code, t.tool_s)
         for t in traj.turns
         if t.call is not None
     ]
-    align = scores.get("align", float("nan"))
     measured = scores.get("align/fallback", 0.0) < 0.5
     return TaskResult(
         task_id=traj.task.id,
@@ -92,8 +98,7 @@ def task_result(traj: Trajectory, scores: dict[str, float], success_threshold: f
         n_turns=len(traj.turns),
         n_calls=len(traj.calls),
         valid_replies=sum(1 for t in traj.turns if not t.findings),
-        success=bool(traj.terminated and measured and (
-            strictly_succeeded(scores) if "align/passed" in scores else not math.isnan(align) and align >= success_threshold)),
+        success=succeeded(scores, success_threshold),
         align_measured=measured,
         error=traj.meta.get("error"),
         labels=dict(traj.task.labels),
@@ -105,17 +110,18 @@ def task_result(traj: Trajectory, scores: dict[str, float], success_threshold: f
 
 def merge_samples(results: list[TaskResult]) -> TaskResult:
     """Several episodes of one task as one result: scores are their means (a key counts over the
-    episodes that have it), counts and tool calls are summed, success means most episodes succeeded."""
+    episodes that have it), counts and tool calls are summed, success is `succeeded` of the mean scores."""
     first = results[0]
     keys = dict.fromkeys(k for r in results for k in r.scores)
+    scores = {k: sum(r.scores[k] for r in results if k in r.scores) / sum(k in r.scores for r in results) for k in keys}
     return TaskResult(
         task_id=first.task_id,
-        scores={k: sum(r.scores[k] for r in results if k in r.scores) / sum(k in r.scores for r in results) for k in keys},
+        scores=scores,
         stop_reason=Counter(r.stop_reason for r in results).most_common(1)[0][0],
         n_turns=sum(r.n_turns for r in results),
         n_calls=sum(r.n_calls for r in results),
         valid_replies=sum(r.valid_replies for r in results),
-        success=2 * sum(r.success for r in results) > len(results),
+        success=succeeded(scores),
         align_measured=all(r.align_measured for r in results),
         error=next((r.error for r in results if r.error), None),
         labels=dict(first.labels),
@@ -145,16 +151,19 @@ class ToolStats:
 
 @dataclass
 class Summary:
+    """A split's one metrics view (`policy_metrics`) plus the per-tool, per-label and stop-reason breakdowns of reports."""
+
     n_tasks: int
-    metrics: dict[str, float]  # PAPER_METRICS keys
-    success_rate: float
+    metrics: dict[str, float]  # policy_metrics
     align_measured_rate: float
-    valid_reply_rate: float
     stop_reasons: dict[str, int]
     tools: dict[str, ToolStats]
     by_label: dict[str, dict[str, float]]  # "axis=value" -> {"hybrid": mean, "n": tasks}
     n_errors: int
-    partial_credit: float = float("nan")  # mean share of verifiable checks passed
+
+    @property
+    def success_rate(self) -> float:
+        return self.metrics["success"]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -164,9 +173,6 @@ class Summary:
 
 
 def summarize(results: list[TaskResult]) -> Summary:
-    metrics = {k: _mean(r.scores.get(k, float("nan")) for r in results) for k in SCORE_KEYS}
-    metrics["calls"] = _mean(float(r.n_calls) for r in results)
-    turns = sum(r.n_turns for r in results)
     tools: dict[str, ToolStats] = {}
     secs: dict[str, list[float]] = defaultdict(list)
     for r in results:
@@ -186,26 +192,23 @@ def summarize(results: list[TaskResult]) -> Summary:
             by_label[f"{axis}={value}"].append(r.scores.get("hybrid", float("nan")))
     return Summary(
         n_tasks=len(results),
-        metrics=metrics,
-        success_rate=_mean(float(r.success) for r in results),
+        metrics=policy_metrics(results),
         align_measured_rate=_mean(float(r.align_measured) for r in results),
-        valid_reply_rate=(sum(r.valid_replies for r in results) / turns) if turns else float("nan"),
         stop_reasons=dict(Counter(r.stop_reason for r in results)),
         tools=dict(sorted(tools.items())),
         by_label={k: {"hybrid": _mean(v), "n": float(len(v))} for k, v in sorted(by_label.items())},
         n_errors=sum(1 for r in results if r.error),
-        partial_credit=_mean(r.scores.get("align/pass_rate", float("nan")) for r in results),
     )
 
 
-def policy_metrics(results: list[TaskResult], match_threshold: float = 0.95) -> dict[str, float]:
-    """The training-side view of a split (pipeline, evidence benchmark): means of every per-task
-    score (a key counts over the tasks that have it), `format_validity` = share of all assistant
-    turns without a protocol finding (pooled, not a mean of per-task shares), `success` = share of
-    tasks whose episodes strictly succeeded (every verifiable check passed, mean over samples
-    >= 0.5; `match_threshold` on align for results without per-check verdicts, whether or not the
-    policy ended the episode), `partial` = mean share of checks passed, `terminated` = share of episodes the policy ended, `calls_per_task` = tool
-    calls per episode."""
+def policy_metrics(results: list[TaskResult], match_threshold: float = MATCH_THRESHOLD) -> dict[str, float]:
+    """The one aggregate view of a split (pipeline, evidence benchmark, ablation grid, reports):
+    means of every per-task score (a key counts over the tasks that have it; the paper's columns
+    `PAPER_METRICS` among them), `format_validity` = share of all assistant turns without a
+    protocol finding (pooled, not a mean of per-task shares), `success` = share of tasks that
+    `succeeded` (with `match_threshold`), `partial` = mean share of checks passed (0 for a task
+    without verdicts), `terminated` = share of episodes the policy ended, `calls_per_task` = tool
+    calls per episode, `n_tasks`. Computed from scores, so saved results read under today's definition."""
     keys = dict.fromkeys(k for r in results for k in r.scores)
     means = {k: sum(r.scores[k] for r in results if k in r.scores) / sum(k in r.scores for r in results) for k in keys}
     turns = sum(r.n_turns for r in results)
@@ -213,9 +216,7 @@ def policy_metrics(results: list[TaskResult], match_threshold: float = 0.95) -> 
     return {
         **means,
         "format_validity": sum(r.valid_replies for r in results) / turns if turns else 0.0,
-        "success": sum(
-            r.scores.get("align/passed", 0.0) >= 0.5 if "align/passed" in r.scores else r.scores.get("align", 0.0) >= match_threshold
-            for r in results) / max(1, len(results)),
+        "success": sum(succeeded(r.scores, match_threshold) for r in results) / max(1, len(results)),
         "partial": sum(r.scores.get("align/pass_rate", 0.0) for r in results) / max(1, len(results)),
         "terminated": sum(r.terminated for r in results) / episodes if episodes else 0.0,
         "calls_per_task": sum(len(r.tool_calls) for r in results) / episodes if episodes else 0.0,

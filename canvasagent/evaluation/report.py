@@ -28,7 +28,7 @@ def markdown_table(head: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 def metrics_table(rows: Mapping[str, Mapping[str, float]], first_header: str = "Setting") -> str:
     """A Markdown table shaped like the paper's Tables 4-5: one row per setting."""
     return markdown_table([first_header] + [h for _, h in PAPER_METRICS],
-                          ([name] + [_fmt(m.get(k), 2 if k == "calls" else 3) for k, _ in PAPER_METRICS] for name, m in rows.items()))
+                          ([name] + [_fmt(m.get(k), 2 if k == "calls_per_task" else 3) for k, _ in PAPER_METRICS] for name, m in rows.items()))
 
 
 def tool_table(summary: Summary) -> str:
@@ -40,14 +40,15 @@ def tool_table(summary: Summary) -> str:
 
 
 def render_markdown(summary: Summary, title: str, setting: str) -> str:
+    m = summary.metrics
     parts = [
         f"# {title}",
         "",
         metrics_table({setting: summary.metrics}),
         "",
-        f"- tasks: {summary.n_tasks}; success rate: {_fmt(summary.success_rate)} (every verifiable check passed); "
-        f"partial credit (share of checks passed): {_fmt(summary.partial_credit)}; "
-        f"valid replies: {_fmt(summary.valid_reply_rate)}; episodes with errors: {summary.n_errors}",
+        f"- tasks: {summary.n_tasks}; success rate: {_fmt(m['success'])} (every verifiable check passed); "
+        f"partial credit (share of checks passed): {_fmt(m['partial'])}; "
+        f"valid replies: {_fmt(m['format_validity'])}; episodes with errors: {summary.n_errors}",
         f"- alignment measured by a verifiable check or judge (not a fallback) on {_fmt(summary.align_measured_rate)} of tasks; "
         "success needs a measured alignment",
         "- stop reasons: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.stop_reasons.items())),
@@ -95,8 +96,8 @@ def write_report(summary: Summary, results: list[TaskResult], out_dir: str | Pat
     }
     paths["json"].write_text(json.dumps(payload, indent=2, default=float))
     paths["markdown"].write_text(render_markdown(summary, title, setting))
-    scores = {h: summary.metrics.get(k, float("nan")) for k, h in PAPER_METRICS if k != "calls"}
-    scores["Success"] = summary.success_rate
+    scores = {h: summary.metrics.get(k, float("nan")) for k, h in PAPER_METRICS if k != "calls_per_task"}
+    scores["Success"] = summary.metrics["success"]
     bar_chart(scores, paths["metrics_png"], f"{title}: metrics")
     bar_chart({k: float(v.calls) for k, v in summary.tools.items()} or {"none": 0.0}, paths["tools_png"], "Tool calls", ylim=None)
     return paths

@@ -1,9 +1,9 @@
-"""Held-out check of a trained policy, through the one evaluation implementation.
+"""Held-out check of a trained checkpoint, through the one evaluation implementation.
 
-A thin adapter: it shows an in-memory HF policy the training layout (system text with the tool
+`evaluate_checkpoint` shows an HF checkpoint the training layout (system text with the tool
 block) and runs it with `canvasagent.evaluation`'s runner (seeded sampling, saved and resumable
-trajectories) and metrics (`policy_metrics`: format validity, rule score, hybrid reward and its
-components, match rate). The scorer is the one GRPO optimises (the source's, from `canvasagent.evaluation.scoring`).
+trajectories) and its one metrics view (`policy_metrics`). The pipeline, the evidence benchmark
+and the ablation grid all evaluate through it, each with the scorer it reports.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from canvasagent.evaluation.metrics import TaskResult, policy_metrics
@@ -23,17 +24,6 @@ from canvasagent.training.rewarding import rollout_diagnostics
 from canvasagent.evaluation.scoring import HybridScorer
 
 log = logging.getLogger(__name__)
-
-
-class _OnePolicy:
-    """The runner's policy factory for one policy object shared by every task (run in order)."""
-
-    def __init__(self, policy: Any):
-        self.policy = policy
-        self.name = policy.name
-
-    def for_task(self, task: Task | None = None) -> Any:
-        return self.policy
 
 
 @dataclass
@@ -62,7 +52,7 @@ def training_scorer(scorer: HybridScorer):
     return score
 
 
-def evaluate_model(
+def evaluate_checkpoint(
     model_dir: str | Path,
     tasks: list[Task],
     scorer: HybridScorer,
@@ -71,36 +61,38 @@ def evaluate_model(
     out_dir: str | Path,
     max_turns: int = 4,
     max_new_tokens: int = 96,
-    family: str = "canvasagent",
-    temperature: float = 0.0,
-    samples: int = 1,
+    temperature: float = 1.0,
+    samples: int = 0,
     seed: int = 0,
+    image_budget: int | None = None,
+    generation: dict[str, Any] | None = None,
     model: Any = None,
     processor: Any = None,
-    resume: bool = True,
-    image_budget: int | None = None,
-) -> EvalResult:
-    """Greedy by default; with `temperature > 0`, `samples` episodes per task (scores averaged per
-    task). Trajectories and per-task results go under `out_dir`; a rerun resumes there.
-    `image_budget`: the training setting (`canvasagent.core.image_budget`), so the policy sees the
-    context it was trained on."""
+) -> dict[str, EvalResult]:
+    """The one evaluation of a trained checkpoint (pipeline, evidence benchmark, ablation grid): the
+    training layout (tool block of `tool_fns`, `image_budget`; a reply without a tool call ends the
+    episode, as in a GRPO rollout), greedy under `<out_dir>/greedy` and, with `samples` > 0, that
+    many episodes per task at `temperature` under `<out_dir>/sampled` (scores averaged per task);
+    tasks in order, torch seeded by `seed`, resumable per task. `generation`: more
+    `HFGenerationConfig` fields (dtype, device). Returns {"greedy": …[, "sampled": …]}."""
     from canvasagent.evaluation.runner import EvalConfig, EvalRunner
     from canvasagent.core.policies.hf_local import HFGenerationConfig, HFLocalPolicy
 
-    inner = HFLocalPolicy(str(model_dir), HFGenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature),
-                          model=model, processor=processor)
-    policy = LayoutPolicy(inner, system_text(inner.processor, tool_fns, family))
-    cfg = EvalConfig(
-        workers=1, max_turns=max_turns, resume=resume, samples=samples if temperature > 0 else 1, seed=seed,
-        tools_in_system_prompt=False,
-        # As in a GRPO rollout, which TRL ends at the first reply without a tool call.
-        end_without_call=True,
-        image_budget=image_budget,
-        # No early stop on invalid replies: a weak checkpoint's format validity is what we measure.
-        guard=GuardConfig(max_consecutive_invalid=0),
-    )
-    t0 = time.perf_counter()
-    results = EvalRunner(_OnePolicy(policy), training_scorer(scorer), out_dir, cfg, toolbox=toolbox).run(tasks)
-    metrics = {**policy_metrics(results), "seconds": time.perf_counter() - t0}
-    log.info("eval %s: %s", model_dir, {k: round(v, 3) for k, v in metrics.items()})
-    return EvalResult(metrics, results)
+    out: dict[str, EvalResult] = {}
+    for mode, temp, n in (("greedy", 0.0, 1), ("sampled", temperature, samples)):
+        if n <= 0:
+            continue
+        inner = HFLocalPolicy(str(model_dir), HFGenerationConfig(max_new_tokens=max_new_tokens, temperature=temp, **(generation or {})),
+                              model=model, processor=processor)
+        model, processor = inner.model, inner.processor  # loaded once for both modes
+        policy = LayoutPolicy(inner, system_text(inner.processor, tool_fns, "canvasagent"))
+        cfg = EvalConfig(workers=1, max_turns=max_turns, samples=n, seed=seed, tools_in_system_prompt=False,
+                         end_without_call=True, image_budget=image_budget,
+                         # No early stop on invalid replies: a weak checkpoint's format validity is what we measure.
+                         guard=GuardConfig(max_consecutive_invalid=0))
+        t0 = time.perf_counter()
+        one = SimpleNamespace(name=inner.name, for_task=lambda task=None, p=policy: p)  # one policy for every task, run in order
+        results = EvalRunner(one, training_scorer(scorer), Path(out_dir) / mode, cfg, toolbox=toolbox).run(tasks)
+        out[mode] = EvalResult({**policy_metrics(results), "seconds": time.perf_counter() - t0}, results)
+        log.info("eval %s (%s): %s", model_dir, mode, {k: round(v, 3) for k, v in out[mode].metrics.items()})
+    return out

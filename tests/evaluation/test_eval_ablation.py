@@ -12,8 +12,8 @@ import yaml
 
 from canvasagent.cli import main as cli_main
 from canvasagent.evaluation.ablation import AblationConfig, AblationRunner, cli_trainer, slug
-from canvasagent.evaluation.api import EvalOutcome
-from canvasagent.evaluation.metrics import summarize, TaskResult
+from canvasagent.evaluation.metrics import TaskResult, policy_metrics
+from canvasagent.training.evaluate import EvalResult
 
 GRID = {
     "name": "test grid",
@@ -56,11 +56,11 @@ class FakeTrainer:
 
 
 def fake_evaluator(calls):
-    def evaluate(policy, tasks, out, judge, preset, config, limit, title=""):
-        calls.append((policy, title))
+    def evaluate(checkpoint, out, title):
+        calls.append((str(checkpoint), title))
         value = {"SFT only": 0.55, "RL only": 0.6, "SFT+RL": 0.82, "w/o outcome reward": 0.63, "w/o process reward": 0.38}[title]
-        res = [TaskResult("t0", scores={"hybrid": value, "align": value, "aes": 0.7, "traj": value, "rule": value}, n_calls=2, n_turns=3, valid_replies=3)]
-        return EvalOutcome(summarize(res), {}, 1, 1)
+        res = [TaskResult("t0", scores={"hybrid": value, "align": value, "aes": 0.7, "traj": value, "rule": value}, n_turns=3, valid_replies=3)]
+        return {"greedy": EvalResult(policy_metrics(res), res)}
 
     return evaluate
 
@@ -75,7 +75,7 @@ def test_grid_runs_shares_sft_and_skips_finished_cells(grid, tmp_path):
     assert grpo[0]["run.init_from"] is None  # RL only starts from the base model
     assert all(o["run.init_from"].endswith("sft/final") for o in grpo[1:])
     assert [o["grpo.reward_preset"] for o in grpo] == ["paper", "paper", "no-outcome", "no-process"]
-    assert evals[0][0].startswith("hf:") and evals[0][0].endswith("sft/final?max_new_tokens=8")
+    assert evals[0] == (str(tmp_path / "abl" / "sft" / "final"), "SFT only")
     md = out["markdown"]
     assert "| Setting | Hybrid | Align. | Aes. | Traj. | Rule | Calls |" in md
     assert "| SFT+RL | 0.820 |" in md and "| w/o process reward | 0.380 |" in md
@@ -141,7 +141,7 @@ def test_only_named_cells_run_and_the_table_keeps_finished_ones(grid, tmp_path):
     assert cli_main(["ablate", "--grid", str(grid), "--out", str(tmp_path / "abl"), "--cell", "No such cell"]) == 2
 
 
-def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid, tmp_path):
+def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid, tmp_path, monkeypatch):
     """`data: <pipeline>` builds that pipeline's CanvasCraft data once (real offline build) and
     points every run, the eval split and the policy's tool list at it."""
     pipe = tmp_path / "pipe.yaml"
@@ -158,16 +158,17 @@ def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid
     path = tmp_path / "grid_data.yaml"
     path.write_text(yaml.safe_dump(g))
     cfg = AblationConfig.load(path)
-    trainer, evals, seen = FakeTrainer(), [], []
+    trainer, seen = FakeTrainer(), []
 
-    def evaluate(policy, tasks, out, judge, preset, config, limit, title=""):
-        seen.append(tasks)
-        assert config.tools == "offline_testbed"  # the pipeline's GRPO tools config
-        assert config.end_without_call is True  # the training layout: a reply without a call ends the episode
-        return fake_evaluator(evals)(policy, tasks, out, judge, preset, config, limit, title)
+    def evaluate_checkpoint(checkpoint, tasks, scorer, toolbox, tool_fns, out, **kw):
+        # The pipeline's evaluator, given what the pipeline would give it for the grid's data.
+        seen.append({"tasks": tasks, "tools": [f.__name__ for f in tool_fns], "out": out, **kw})
+        res = [TaskResult(t.id, scores={"hybrid": 0.5, "align/passed": 1.0}, n_turns=1, valid_replies=1) for t in tasks]
+        return {"greedy": EvalResult(policy_metrics(res), res)}
 
+    monkeypatch.setattr("canvasagent.training.evaluate.evaluate_checkpoint", evaluate_checkpoint)
     out_dir = tmp_path / "abl"
-    AblationRunner(cfg, out_dir, trainer, evaluate).run()
+    res = AblationRunner(cfg, out_dir, trainer).run()
     cc = out_dir / "data" / "canvascraft"
     sft_over = trainer.calls[0][1]
     assert sft_over["data.format"] == "canvascraft" and sft_over["data.path"] == str(cc / "sft")
@@ -175,10 +176,15 @@ def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid
                for k, o in trainer.calls if k == "grpo")
     assert "tools.config" not in sft_over  # only the GRPO runs get the pipeline's GRPO overrides
     assert sft_over["tools.names"] == ["Rotate", "Flip"]  # registry order, the tools of both mixes
-    assert set(seen) == {str(cc / "rl")} and all(p.endswith("tools=Rotate,Flip") for p, _ in evals)
     from canvasagent.evaluation.tasks_io import load_tasks
 
-    assert [t.expected_tools for t in load_tasks(cc / "rl")] == [["Rotate", "Flip"]] * 2
+    assert len(seen) == 3 and all([t.id for t in s["tasks"]] == [t.id for t in load_tasks(cc / "rl")] for s in seen)
+    assert [t.expected_tools for t in seen[0]["tasks"]] == [["Rotate", "Flip"]] * 2
+    assert seen[0]["tools"] == ["Flip", "Rotate"]  # the training tool functions, in TRL's (sorted) order
+    assert seen[0]["samples"] == 0 and seen[0]["temperature"] == 1.0 and seen[0]["max_new_tokens"] == 8
+    assert seen[0]["out"] == out_dir / "cells" / "sft-only" / "eval"
+    assert res["cells"]["SFT only"]["success_rate"] == 1.0
+    assert (out_dir / "cells" / "sft-only" / "eval" / "greedy" / "report.md").exists()
 
 
 def test_cell_records_written_by_earlier_code_are_read(grid, tmp_path):

@@ -52,7 +52,7 @@ def test_runner_scores_saves_and_resumes(eval_split, tmp_path):
     assert calls[-1] == "t1" and again[1].n_calls == 2
 
     s = summarize(again)
-    assert s.metrics["calls"] == 2.0 and s.success_rate == 1.0
+    assert s.metrics["calls_per_task"] == 2.0 and s.metrics["success"] == 1.0
     assert s.tools["Flip"].calls == 3 and s.tools["Crop"].success_rate == 1.0
     assert set(s.by_label) == {"R=easy", "L=easy", "L=medium"}
 
@@ -111,7 +111,7 @@ def test_eval_cli_end_to_end_replay(eval_split, tmp_path, monkeypatch, capsys):
     text = capsys.readouterr().out
     assert "| Hybrid | Align. | Aes. | Traj. | Rule | Calls |" in text
     report = json.loads((out / "report.json").read_text())
-    assert report["summary"]["n_tasks"] == 3 and report["summary"]["metrics"]["calls"] == 2.0
+    assert report["summary"]["n_tasks"] == 3 and report["summary"]["metrics"]["calls_per_task"] == 2.0
     assert (out / "report.md").read_text().startswith("# Evaluation")
     assert (out / "metrics.png").stat().st_size > 1000 and (out / "tool_calls.png").exists()
 
@@ -132,12 +132,12 @@ def test_eval_cli_with_the_real_hybrid_reward(eval_split, tmp_path, capsys):
     m = summary["metrics"]
     for key in ("hybrid", "align", "aes", "traj", "rule"):
         assert 0.0 <= m[key] <= 1.0, key
-    assert m["calls"] == 2.0 and m["rule"] > 0.5
-    assert summary["align_measured_rate"] == 0.0 and summary["success_rate"] == 0.0  # no checks: no evidence
+    assert m["calls_per_task"] == 2.0 and m["rule"] > 0.5
+    assert summary["align_measured_rate"] == 0.0 and m["success"] == 0.0  # no checks: no evidence
     # The terminate-at-once baseline scores lower on the same split.
     rc = cli_main(["eval", "--policy", "scripted:terminate", "--tasks", str(eval_split), "--out", str(tmp_path / "base")])
     base = json.loads((tmp_path / "base" / "report.json").read_text())["summary"]["metrics"]
-    assert base["hybrid"] < m["hybrid"] and base["calls"] == 0.0
+    assert base["hybrid"] < m["hybrid"] and base["calls_per_task"] == 0.0
 
 
 def test_eval_cli_unknown_preset_is_clear(eval_split, tmp_path, capsys):

@@ -246,7 +246,7 @@ def _replayed(run, tmp_path, which):
 
     g = run.cfg.grpo
     toolbox = run.ws.env_cls.toolbox()
-    # The training layout `training.evaluate.evaluate_model` uses.
+    # The training layout `training.evaluate.evaluate_checkpoint` uses.
     cfg = EvalConfig(workers=1, max_turns=g.max_turns, resume=False, tools_in_system_prompt=False, end_without_call=True)
     runner = EvalRunner(Replay(), training_scorer(make_scorer(g.reward_preset, g.judge, toolbox)), tmp_path, cfg, toolbox=toolbox)
     results = runner.run(tasks)
@@ -275,9 +275,9 @@ def test_replaying_a_rollout_without_a_tool_call_through_evaluation_gives_its_tr
 
 def test_rollout_prompt_is_the_evaluation_prompt_byte_for_byte(run, tmp_path, monkeypatch):
     """The prompt tokens TRL generated each rollout from equal the tokens the evaluation runner
-    (`training.evaluate.evaluate_model`) feeds the policy on the first turn of the same task."""
+    (`training.evaluate.evaluate_checkpoint`) feeds the policy on the first turn of the same task."""
     from canvasagent.core.policies.hf_local import HFLocalPolicy
-    from canvasagent.training.evaluate import evaluate_model
+    from canvasagent.training.evaluate import evaluate_checkpoint
     from canvasagent.training.rewarding import make_scorer
 
     rendered: list[list[int]] = []
@@ -299,9 +299,9 @@ def test_rollout_prompt_is_the_evaluation_prompt_byte_for_byte(run, tmp_path, mo
     for t, p in zip(tasks, rollout_prompts):
         unique.setdefault(t.id, (t, p))
     g = run.cfg.grpo
-    evaluate_model(run.out, [t for t, _ in unique.values()], make_scorer(g.reward_preset, g.judge, run.ws.env_cls.toolbox()),
-                   run.ws.env_cls.toolbox(), run.ws.tool_fns, tmp_path, max_turns=1, max_new_tokens=2,
-                   model=run.trainer.model, processor=run.processor, resume=False)
+    evaluate_checkpoint(run.out, [t for t, _ in unique.values()], make_scorer(g.reward_preset, g.judge, run.ws.env_cls.toolbox()),
+                        run.ws.env_cls.toolbox(), run.ws.tool_fns, tmp_path, max_turns=1, max_new_tokens=2,
+                        model=run.trainer.model, processor=run.processor)
     assert len(rendered) == len(unique)
     tok = run.processor.tokenizer
     for got, (task, want) in zip(rendered, unique.values()):
