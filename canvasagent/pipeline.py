@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,7 @@ log = logging.getLogger(__name__)
 STAGES = ("data", "eval_base", "sft", "eval_sft", "grpo", "eval_grpo", "report")
 
 
-# Data sources each pipeline `data` mode trains and evaluates on.
-SOURCES: dict[str, tuple[str, ...]] = {
-    "mixed": ("scripted", "canvascraft"),
-    "scripted": ("scripted",),
-    "canvascraft": ("canvascraft",),
-}
+DATA_MODES = ("mixed", "scripted", "canvascraft")  # training data formats (sources.SOURCES) the pipeline runs
 
 
 @dataclass
@@ -78,15 +73,18 @@ class PipelineConfig:
         return cfg
 
     def validate(self) -> None:
-        if self.data not in SOURCES:
-            raise ValueError(f"unknown pipeline data {self.data!r} ({' | '.join(SOURCES)})")
+        if self.data not in DATA_MODES:
+            raise ValueError(f"unknown pipeline data {self.data!r} ({' | '.join(DATA_MODES)})")
         unknown = set(self.cc_rl_targets) - {"reasoning", "length", "diversity"}
         if unknown:
             raise ValueError(f"cc_rl_targets: unknown axes {sorted(unknown)} (reasoning, length, diversity)")
 
     @property
     def sources(self) -> tuple[str, ...]:
-        return SOURCES[self.data]
+        """The sources it trains and evaluates on: a composite source's parts (`sources.Mixed.parts`), else itself."""
+        from canvasagent.training.sources import get_source
+
+        return tuple(getattr(get_source(self.data), "parts", (self.data,)))
 
 
 def offline_tools() -> list[str]:
@@ -144,23 +142,16 @@ class Pipeline:
 
     # -- stages ------------------------------------------------------------------------------------
     def _eval_sets(self) -> dict[str, list]:
-        """Held-out tasks per source, in `cfg.sources` order."""
+        """Held-out tasks per source, in `cfg.sources` order, from the source registry: a build's whole
+        eval split (`cc_eval_n` tasks), or `n_eval` made tasks drawn with a seed no training stage uses."""
         from canvasagent.training.common import toolbox_factory
-        from canvasagent.training.data import eval_tasks
+        from canvasagent.training.sources import get_source
 
-        sets: dict[str, list] = {}
-        for source in self.cfg.sources:
-            if source == "scripted":
-                # Held out: a task seed no training stage uses.
-                sets[source] = eval_tasks(self.sft, self.cfg.n_eval, 1000 * self.cfg.seed + 999, toolbox_factory(self.sft)())
-            else:
-                from canvascraft.build import shard_files
-                from canvascraft.formats import read_rows
-                from canvascraft.rl import task_of
-
-                rows = read_rows(shard_files(self.out / "data" / "canvascraft" / "rl", "rl", "eval"))
-                sets[source] = [task_of(r) for r in rows]
-        return sets
+        cfg = replace(self.sft, data=replace(self.sft.data, path=str(self.out / "data" / "canvascraft" / "rl")))
+        toolbox = toolbox_factory(self.sft)()
+        return {name: (src := get_source(name)).eval_tasks(cfg, None if src.needs_path else self.cfg.n_eval,
+                                                            1000 * self.cfg.seed + 999, toolbox)
+                for name in self.cfg.sources}
 
     def _build_canvascraft(self) -> dict[str, Any]:
         from canvascraft.build import load_build_config, run_build
