@@ -48,8 +48,9 @@ class PipelineConfig:
     # temperature (what GRPO optimises): `eval_samples` episodes per task.
     eval_samples: int = 4
     skip_base_eval: bool = False
-    sft_overrides: dict[str, Any] = field(default_factory=dict)
-    grpo_overrides: dict[str, Any] = field(default_factory=dict)
+    # The toolbox of every stage: images over 400x400 refused (configs/tools/offline_small.yaml).
+    sft_overrides: dict[str, Any] = field(default_factory=lambda: {"tools.config": "offline_small"})
+    grpo_overrides: dict[str, Any] = field(default_factory=lambda: {"tools.config": "offline_small"})
     # The CanvasCraft build, restricted to tools that really run offline.
     cc_sft_n: int = 64
     cc_rl_n: int = 48

@@ -149,7 +149,7 @@ def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid
         "data": "canvascraft", "cc_chains": ["chains", "chains_offline"],
         "cc_mix": {"single": 0, "hard": 0, "offline": 0, "Flip": 1}, "cc_rl_mix": {"single": 0, "hard": 0, "offline": 0, "Rotate+Flip": 1},
         "cc_sft_n": 2, "cc_rl_n": 2, "cc_eval_n": 2,
-        "grpo_overrides": {"tools.config": "offline_testbed", "optim.max_steps": 3},
+        "sft_overrides": {}, "grpo_overrides": {"tools.config": "offline_small", "optim.max_steps": 3},
     }))
     g = yaml.safe_load(grid.read_text())
     g["data"] = str(pipe)
@@ -172,7 +172,7 @@ def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid
     cc = out_dir / "data" / "canvascraft"
     sft_over = trainer.calls[0][1]
     assert sft_over["data.format"] == "canvascraft" and sft_over["data.path"] == str(cc / "sft")
-    assert all(o["data.path"] == str(cc / "rl") and o["tools.config"] == "offline_testbed" and o["optim.max_steps"] == 3
+    assert all(o["data.path"] == str(cc / "rl") and o["tools.config"] == "offline_small" and o["optim.max_steps"] == 3
                for k, o in trainer.calls if k == "grpo")
     assert "tools.config" not in sft_over  # only the GRPO runs get the pipeline's GRPO overrides
     assert sft_over["tools.names"] == ["Rotate", "Flip"]  # registry order, the tools of both mixes

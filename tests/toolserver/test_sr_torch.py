@@ -343,7 +343,7 @@ def test_long_call_logs_estimate_progress_and_summary(monkeypatch, caplog):
 
 
 def test_offline_configs_use_the_torch_backend_and_ncnn_stays_available():
-    for name in ("offline", "offline_testbed", "offline_plumbing"):
+    for name in ("offline", "offline_small", "offline_plumbing"):
         cfg = ToolsConfig.load(name).backends["SR"]
         assert cfg.name == "realesrgan-torch", name
         assert build_backend(cfg.name, cfg.params).params.tile > 0  # bounded memory
