@@ -94,6 +94,7 @@ def test_reader_parses_params_and_reads_fp16_and_fp32():
         ("7767518\n1 1\nInput in 0 1 data\n", "magic number"),
         ("7767517\n", "truncated"),
         ("7767517\n2 x\n", "layer_count"),
+        ("7767517\n1 ²\n", "layer_count"),  # str.isdigit accepts "²", int() does not
         (SMALL_PARAM.rsplit("\n", 2)[0] + "\n", "declares 3 layers but has 2"),
         (SMALL_PARAM.replace("3 3", "3 4", 1), "declares 4 blobs"),
         (SMALL_PARAM.replace("1 1 data a", "1 1 nope a"), "no earlier layer produces"),

