@@ -64,10 +64,16 @@ class PipelineConfig:
 
     @classmethod
     def load(cls, name_or_path: str | Path = "default", **overrides: Any) -> "PipelineConfig":
-        """A configs/pipeline/ YAML (or a path); keyword overrides that are not None win."""
+        """A configs/pipeline/ YAML (or a path); keyword overrides that are not None win. The
+        `sft_overrides` / `grpo_overrides` given here are merged over the file's (or the default's),
+        key by key, so `--grpo-set optim.learning_rate=...` keeps the file's tools config."""
         from toolserver.config import find_config, from_dict, load_yaml
 
         data = load_yaml(find_config(name_or_path, "pipeline"))
+        for key in ("sft_overrides", "grpo_overrides"):
+            if overrides.get(key) is not None:
+                base = data[key] if data.get(key) is not None else cls.__dataclass_fields__[key].default_factory()
+                overrides[key] = {**base, **overrides[key]}
         data.update({k: v for k, v in overrides.items() if v is not None})
         cfg = from_dict(cls, data)
         cfg.validate()
