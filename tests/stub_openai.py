@@ -26,6 +26,12 @@ def chat_payload(text: str) -> dict[str, Any]:
     return {"id": "stub", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
 
 
+class _Server(ThreadingHTTPServer):
+    # A real endpoint accepts many connections at once; the stdlib's backlog of 5 makes a burst
+    # of 16 concurrent judge calls wait ~1 s for TCP to retry the refused connections.
+    request_queue_size = 128
+
+
 class _Stub:
     """The HTTP server; subclasses answer each POST in `_answer(path, headers, body) -> (status, payload)`."""
 
@@ -36,28 +42,30 @@ class _Stub:
             def do_POST(self) -> None:  # noqa: N802 (http.server API)
                 n = int(self.headers.get("Content-Length", 0))
                 body = json.loads(self.rfile.read(n) or b"{}")
+                # The request stops counting as in flight before its answer goes out: once the
+                # client has the answer it may send its next request, which must not overlap it.
                 try:
                     status, payload = stub._answer(self.path, self.headers, body)
-                    data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
                 finally:
                     stub._done()
+                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def log_message(self, *args: Any) -> None:  # keep test output clean
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
     def _answer(self, path: str, headers: Any, body: dict[str, Any]) -> tuple[int, Any]:
         raise NotImplementedError
 
     def _done(self) -> None:
-        """Called once the answer is sent (or failed)."""
+        """Called once the answer is ready (or failed), before it is sent."""
 
     @property
     def base_url(self) -> str:
@@ -123,7 +131,7 @@ class StubServer(_Stub):
 
     def _done(self) -> None:
         with self._lock:
-            self.active -= 1  # counted from the request's arrival until its answer is sent
+            self.active -= 1  # counted from the request's arrival until its answer is ready
 
 
 def replies(*texts: str) -> Responder:
