@@ -264,7 +264,8 @@ class TiledSrBackend:
     """What the tiled SR backends share: the network built on first use (`_load`, by the
     subclass), one call at a time under `_lock`, `keep_loaded: false` releasing the network once
     no call is in flight, and the size check of untiled runs before `upscale_rgb` (the subclass's
-    pass over one RGB image). `params` needs `tile`, `max_untiled_pixels` and `keep_loaded`."""
+    pass over one RGB image). `params` needs `tile` and `max_untiled_pixels`, and `keep_loaded`
+    where the subclass runs its pass inside `_in_use`."""
 
     name = ""
 
@@ -315,8 +316,8 @@ class TiledSrBackend:
         check_untiled_input(src, self.params.tile, self.params.max_untiled_pixels, self.name)
         return _result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
 
-    # No batch_call: one call is one image's pass (tiled) under the lock, so a batch would run
-    # its images one after the other anyway; @serve.batch would only add wait time.
+    # No batch_call here: one call is one image's pass (tiled) under the lock, so a batch would
+    # run its images one after the other; a subclass adds one where a real batch exists.
 
 
 @dataclass
@@ -410,14 +411,10 @@ def _import_realesrgan() -> tuple[Any, Any]:
     return RRDBNet, RealESRGANer
 
 
-class TorchRealEsrgan:
-    name = "realesrgan"
+class TorchRealEsrgan(TiledSrBackend):
+    """basicsr's RealESRGANer over a local x4plus .pth; it keeps its network loaded."""
 
-    def __init__(self, params: TorchParams):
-        self.params = params
-        self._model: Lazy[Any] = Lazy(self._load)
-        self._lock = threading.Lock()
-        self.timer = SrTimer(self.name)
+    name = "realesrgan"
 
     def _load(self) -> Any:
         p = self.params
@@ -436,17 +433,6 @@ class TorchRealEsrgan:
             scale=SCALE, model_path=p.model_path, model=net, tile=p.tile, tile_pad=p.tile_pad, pre_pad=p.pre_pad, half=half, device=torch.device(device)
         )
 
-    def load(self) -> None:
-        self._model.get()
-
-    def close(self) -> None:
-        """Release the loaded network once the call in flight, if any, is done; a later call
-        loads it again."""
-        with self._lock:
-            released = self._model.reset()
-        if released:
-            return_freed_memory()
-
     def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
         upsampler = self._model.get()
         bgr = np.ascontiguousarray(np.asarray(rgb)[:, :, ::-1])  # RealESRGANer follows OpenCV's BGR
@@ -459,11 +445,6 @@ class TorchRealEsrgan:
             with redirect_stdout(_TileLines(progress, sys.stdout)):
                 out, _ = upsampler.enhance(bgr, outscale=SCALE)
         return Image.fromarray(np.ascontiguousarray(out[:, :, ::-1]))
-
-    def __call__(self, request: ToolRequest) -> ToolResult:
-        src = request.images["image"]
-        check_untiled_input(src, self.params.tile, self.params.max_untiled_pixels, self.name)
-        return _result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
 
     # ------------------------------------------------------------------------------ batching
     def _fits_one_tile(self, rgb: Image.Image) -> bool:
