@@ -177,8 +177,10 @@ def start_serve(latency_s: float, rollouts: int) -> None:
         "defaults": {"ray_actor_options": {"num_cpus": 0.05}, "num_replicas": 1, "timeout_s": 60},
         "tools": {"ImageEdit": {
             "backend": "latency", "params": {"latency_s": latency_s},
-            # One replica takes every rollout's call of a turn as one batch, as a tool GPU would.
+            # One replica takes every rollout's call of a turn as one batch, as a tool GPU would;
+            # calls that arrive after a batch started run in a second one rather than behind it.
             "max_batch_size": rollouts, "batch_wait_timeout_s": 0.2, "max_ongoing_requests": 2 * rollouts,
+            "max_concurrent_batches": 2,
         }},
     })
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

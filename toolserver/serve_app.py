@@ -102,11 +102,12 @@ class ToolDeployment:
         max_pixels: int,
         gpu_slot: int | None = None,
         limits: dict[str, Any] | None = None,
+        max_concurrent_batches: int = 1,
     ):
         """`gpu_slot`: under `placement: slots`, the tool GPU this replica was placed on by its
         per-GPU resource; it selects that device before any backend touches CUDA. `limits`: the
         serving config's `limits` block; every request is checked against it (and validated)
-        before its tool runs."""
+        before its tool runs. `max_concurrent_batches`: batches run at once, one thread each."""
         if gpu_slot is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = tool_gpu_device(gpu_slot, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.tools = frozenset(tools)
@@ -127,14 +128,18 @@ class ToolDeployment:
             limits=Limits(**(limits or {})),
         )
         self.checked_box = LocalToolbox(backends=self.box.backends, max_output_pixels=max_pixels)  # for requests already checked
-        # Model code is rarely thread-safe and a GPU runs one batch at a time anyway: one thread.
+        # Model code is rarely thread-safe: one thread per batch the config lets run at once.
         # Pure tools are thread-safe (each call has its own images) and Pillow releases the GIL.
-        workers = 1 if fn is not None else PURE_THREADS
+        workers = max_concurrent_batches if fn is not None else PURE_THREADS
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"tool-{self.tool}")
         self.batched = max_batch_size > 1 and callable(getattr(fn, "batch_call", None))
         if self.batched:
-            self._batch.set_max_batch_size(max_batch_size)
-            self._batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+            # Built per replica: serve.batch's decorator form offers no max_concurrent_batches setter.
+            self._batch = serve.batch(
+                max_batch_size=max_batch_size,
+                batch_wait_timeout_s=batch_wait_timeout_s,
+                max_concurrent_batches=max_concurrent_batches,
+            )(self._run_batch_async)
         self.plumbing_only = bool(getattr(fn, "plumbing_only", False))
         if self.plumbing_only:
             log.warning("%s is served by the random-weight %r backend: plumbing only, not real results", self.tool, backend)
@@ -156,8 +161,7 @@ class ToolDeployment:
         # A caller that sent slots is on this host and named a slot for the result image.
         return WireResult.pack(result, wire.reply_slot)
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
-    async def _batch(self, reqs: list[ToolRequest]) -> list[ToolResult]:
+    async def _run_batch_async(self, reqs: list[ToolRequest]) -> list[ToolResult]:
         return await asyncio.get_running_loop().run_in_executor(self.pool, self._run_batch, reqs)
 
     def _run_batch(self, reqs: list[ToolRequest]) -> list[ToolResult]:
@@ -394,7 +398,8 @@ def build_app(cfg: ServeConfig, token: str | None = None):
             opts["num_replicas"] = tcfg.num_replicas
         slot = tcfg.gpu if cfg.placement == "slots" and tcfg.on_gpu else None
         handles[name] = ToolDeployment.options(**opts).bind(
-            served, tcfg.backend, dict(tcfg.params), tcfg.max_batch_size, tcfg.batch_wait_timeout_s, cfg.max_pixels, slot, asdict(cfg.limits)
+            served, tcfg.backend, dict(tcfg.params), tcfg.max_batch_size, tcfg.batch_wait_timeout_s, cfg.max_pixels, slot, asdict(cfg.limits),
+            tcfg.max_concurrent_batches,
         )
     return Ingress.options(
         name=INGRESS_NAME,

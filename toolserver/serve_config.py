@@ -63,6 +63,10 @@ class ToolServeConfig:
     # >1 turns on @serve.batch, used only if the backend exposes batch_call(list[ToolRequest]).
     max_batch_size: int = 1
     batch_wait_timeout_s: float = 0.01
+    # Batches one replica runs at once, each on its own thread: >1 only for a thread-safe
+    # backend. Callers whose calls miss a batch's window then start at once instead of queueing
+    # behind it. max_ongoing_requests must hold max_batch_size x this many requests.
+    max_concurrent_batches: int = 1
     timeout_s: float | None = None  # None: ServeConfig.default_timeout_s
     # Which GPU of the tool server this tool's num_gpus fraction is planned on. Checked by the
     # dry run; with ServeConfig.pin_resource_prefix it also pins replicas (see docs/serving.md).
@@ -223,6 +227,13 @@ class ServeConfig:
                 errors.append(f"tools.{name}: model tools run only as deployments")
             if tcfg.max_batch_size < 1 or tcfg.batch_wait_timeout_s < 0:
                 errors.append(f"tools.{name}: max_batch_size must be >= 1 and batch_wait_timeout_s >= 0")
+            if tcfg.max_concurrent_batches < 1:
+                errors.append(f"tools.{name}.max_concurrent_batches must be >= 1")
+            elif tcfg.max_batch_size > 1 and tcfg.max_ongoing_requests < tcfg.max_batch_size * tcfg.max_concurrent_batches:
+                errors.append(
+                    f"tools.{name}: max_ongoing_requests ({tcfg.max_ongoing_requests}) is under max_batch_size x "
+                    f"max_concurrent_batches ({tcfg.max_batch_size} x {tcfg.max_concurrent_batches}); the replica could never fill them"
+                )
             if tcfg.timeout_s is not None and tcfg.timeout_s <= 0:
                 errors.append(f"tools.{name}.timeout_s must be positive")
             if tcfg.num_replicas is not None and tcfg.num_replicas < 1 and not tcfg.autoscaling_config:

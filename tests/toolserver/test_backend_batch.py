@@ -321,3 +321,53 @@ def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding, monkeypa
     assert max(g.data["served_batch"] for g in got) > 1
     for e, g in zip(expected, got):
         assert g.data["boxes"] == e.data["boxes"] and g.data["phrases"] == e.data["phrases"]
+
+
+@pytest.mark.ray
+def test_a_replica_runs_max_concurrent_batches_at_once():
+    """With max_concurrent_batches 2, calls that miss a running batch start in a second batch at
+    once: the replica holds more calls than one batch takes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    from toolserver.client import RayToolbox
+    from toolserver.serve_app import deploy
+    from toolserver.serve_config import ServeConfig
+
+    cfg = ServeConfig.from_dict(
+        {
+            "app_name": "concurrent_batches_test",
+            "pure_mode": "caller",
+            "http": {"enabled": False, "ray_actor_options": {"num_cpus": 0.05}},
+            "defaults": {"ray_actor_options": {"num_cpus": 0.05}},
+            "tools": {
+                "ImageEdit": {
+                    "backend": "latency",
+                    "params": {"latency_s": 1.0, "stats_key": "concurrent_batches"},
+                    "max_batch_size": 2,
+                    "batch_wait_timeout_s": 0.05,
+                    "max_concurrent_batches": 2,
+                    "max_ongoing_requests": 4,
+                }
+            },
+        }
+    )
+    reqs = [_req("ImageEdit", image=_drawing(32, 32, i), edit_prompt="x") for i in range(4)]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        deploy(cfg)
+        box = RayToolbox(app_name=cfg.app_name)
+        try:
+            box.call(reqs[0])
+            with ThreadPoolExecutor(len(reqs)) as pool:
+                got = list(pool.map(box.call, reqs))
+        finally:
+            box.close()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    assert all(g.ok for g in got), got
+    assert max(g.data["batch_size"] for g in got) <= 2
+    assert max(g.data["in_flight"] for g in got) > 2  # one batch at a time holds at most 2

@@ -115,6 +115,9 @@ def test_config_errors_are_loud():
         {"tools": {"OCR": {"backnd": "rapidocr"}}},
         {"pure_mode": "elsewhere"},
         {"http": {"port": 0}},
+        {"tools": {"OCR": {"backend": "rapidocr", "max_concurrent_batches": 0}}},
+        # 2 batches of 4 need 8 requests held at the replica
+        {"tools": {"OCR": {"backend": "rapidocr", "max_batch_size": 4, "max_concurrent_batches": 2, "max_ongoing_requests": 7}}},
     ]
     for data in bad:
         with pytest.raises(ServeConfigError):
