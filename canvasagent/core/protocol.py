@@ -19,7 +19,7 @@ from canvasagent.core.models.special_tokens import REASON_END as REASON_CLOSE
 from canvasagent.core.models.special_tokens import REASON_START as REASON_OPEN
 from canvasagent.core.models.special_tokens import TOOL_CALL_END as CALL_CLOSE
 from canvasagent.core.models.special_tokens import TOOL_CALL_START as CALL_OPEN
-from toolserver.registry import OutputKind, get_tool, openai_schemas, producers, tool_names, tools
+from toolserver.registry import OutputKind, get_tool, openai_schemas, producers, tools
 
 __all__ = ["PROTOCOL_TOKENS", "TERMINATE", "REASON_OPEN", "REASON_CLOSE", "CALL_OPEN", "CALL_CLOSE", "parse_reply"]
 
@@ -136,9 +136,6 @@ class ParsedReply:
     @property
     def blocked(self) -> bool:
         return any(f.blocking for f in self.findings)
-
-    def failed_checks(self) -> set[FormatCheck]:
-        return {f.check for f in self.findings}
 
 
 _REASON_RE = re.compile(r"<reason>(.*?)</reason>", re.DOTALL)
@@ -361,7 +358,3 @@ def render_system_prompt(
         + f"When the task is done, reply with a {REASON_OPEN}…{REASON_CLOSE} and {TERMINATE}. No code fences."
     )
     return "\n\n".join(parts)
-
-
-def known_tool_names(family: str = "canvasagent") -> tuple[str, ...]:
-    return tool_names(family)

@@ -525,12 +525,6 @@ class MazeTask:
         hits = int(np.logical_and(a > 0.5, self.wall_mask).sum())
         return f"stroke hits a wall ({hits} px); rejected" if hits else None
 
-    def _cell_of(self, x: float, y: float) -> tuple[int, int] | None:
-        c = int((x - self.margin) // self.cell_px)
-        r = int((y - self.margin) // self.cell_px)
-        n = self.maze.cells
-        return (r, c) if 0 <= r < n and 0 <= c < n else None
-
     def score(self, canvas: np.ndarray) -> float:
         """Progress: longest prefix of the route whose consecutive cell centres are
         joined by ink (sampled along the centre-to-centre segment), normalised by
@@ -568,11 +562,6 @@ def simple_maze_task(seed: int = 0) -> MazeTask:
 
 def hard_maze_task(seed: int = 0) -> MazeTask:
     return MazeTask(generate_maze(8, seed), resolution=512, budget=128, name="hard_maze")
-
-
-def semantic_suite(seed: int = 0, ocr: OCRFn | None = None) -> list:
-    return [circle_outline_task(seed), apple_outline_task(seed), HandwritingTask(ocr=ocr),
-            simple_maze_task(seed), hard_maze_task(seed)]
 
 
 def semantic_task(name: str, seed: int = 0, ocr: "OCRFn | None" = None):
