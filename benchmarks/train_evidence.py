@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -31,18 +30,6 @@ STAGES = ("eval_base", "eval_sft", "eval_grpo")
 KEYS = ("format_validity", "rule", "hybrid", "success")
 # Paired per task: name -> the per-task score (success: the share of episodes that passed every check).
 PAIRED = {"hybrid": "hybrid", "success": "align/passed"}
-
-
-def _paired_diffs(sft: list[dict], grpo: list[dict], key: str) -> list[float]:
-    return [g.get(key, 0.0) - s.get(key, 0.0) for s, g in zip(sft, grpo)]
-
-
-def _stats(d: list[float]) -> dict[str, float]:
-    n = len(d)
-    mean = sum(d) / n if n else 0.0
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0
-    return {"n": n, "mean_diff": mean, "se": sd / math.sqrt(n) if n else 0.0,
-            "wins": sum(x > 1e-9 for x in d), "losses": sum(x < -1e-9 for x in d)}
 
 
 def _by_chain(run: Path, res: dict) -> dict[str, dict[str, float]]:
@@ -75,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    from canvasagent.evaluation.metrics import paired_difference
     from canvasagent.pipeline import PipelineConfig, run_pipeline
     from canvasagent.training.config import parse_override
 
@@ -92,12 +80,14 @@ def main(argv: list[str] | None = None) -> int:
                 for k in KEYS:
                     row[f"{mode}_{stage}_{k}"] = m.get(k, float("nan"))
             for key, pkey in PAIRED.items():
-                d = _paired_diffs(res["eval_sft"][tkey], res["eval_grpo"][tkey], pkey)
-                row[f"{mode}_paired_{key}"] = _stats(d)
-                pooled.setdefault(f"{mode}_{key}", []).extend(d)
+                sft, grpo = res["eval_sft"][tkey], res["eval_grpo"][tkey]
+                row[f"{mode}_paired_{key}"] = paired_difference(sft, grpo, pkey)
+                pooled.setdefault(f"{mode}_{key}", ([], []))
+                pooled[f"{mode}_{key}"][0].extend(sft)
+                pooled[f"{mode}_{key}"][1].extend(grpo)
         row["by_chain"] = _by_chain(out / f"seed_{seed}", res)
         rows.append(row)
-    pooled_stats = {k: _stats(v) for k, v in pooled.items()}
+    pooled_stats = {k: paired_difference(sft, grpo, PAIRED[k.split("_", 1)[1]]) for k, (sft, grpo) in pooled.items()}
 
     # -- tables --------------------------------------------------------------------------------------
     def table(mode: str) -> list[str]:

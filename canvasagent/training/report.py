@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from canvasagent.evaluation.metrics import paired_difference
 from canvasagent.evaluation.report import markdown_table
 
 COLUMNS = ("format_validity", "rule", "hybrid", "align", "aes", "traj", "success", "terminated", "calls_per_task")
@@ -30,6 +31,30 @@ def metrics_table(results: dict[str, Any], field: str = "metrics", suffix: str =
             rows[name] = {c: m.get(c, float("nan")) for c in COLUMNS}
             cells.append([name, int(m.get("n_tasks", 0))] + [f"{v:.3f}" for v in rows[name].values()])
     return markdown_table(["stage", "n", *COLUMNS], cells), rows
+
+
+def paired_grpo_gain(results: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """After GRPO minus after SFT, paired per held-out task (`paired_difference` of the hybrid
+    reward), for all tasks and per source, greedy and sampled: {"greedy: scripted": {...}, ...}.
+    Empty unless both evaluations hold per-task scores of the same tasks."""
+    sft, grpo = results.get("eval_sft") or {}, results.get("eval_grpo") or {}
+    sources = sft.get("task_sources") or []
+    out: dict[str, dict[str, float]] = {}
+    for mode, key in (("greedy", "per_task"), ("sampled", "per_task_sampled")):
+        before, after = sft.get(key) or [], grpo.get(key) or []
+        if not before or len(before) != len(after) or (sources and len(sources) != len(before)):
+            continue
+        out[f"{mode}: all"] = paired_difference(before, after)
+        for source in dict.fromkeys(sources) if len(set(sources)) > 1 else ():
+            ix = [i for i, s in enumerate(sources) if s == source]
+            out[f"{mode}: {source}"] = paired_difference([before[i] for i in ix], [after[i] for i in ix])
+    return out
+
+
+def paired_table(gain: dict[str, dict[str, float]]) -> str:
+    cells = [[name, int(g["n"]), f"{g['mean_diff']:+.3f}", f"{g['se']:.3f}", f"{int(g['wins'])}/{int(g['losses'])}",
+              "yes" if g["mean_diff"] > 2 * g["se"] else "no"] for name, g in gain.items()]
+    return markdown_table(["decoding: tasks", "n", "GRPO - SFT hybrid", "se", "up/down", "> 2 se"], cells)
 
 
 def _history(path: Path) -> list[dict[str, Any]]:
@@ -89,6 +114,7 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
     grpo_history = _history(out / "grpo" / "metrics.jsonl")
     grpo_png = plot_curves(grpo_history, out / "report" / "grpo_curves.png", "GRPO")
     diagnostics = diagnostics_summary(grpo_history)
+    gain = paired_grpo_gain(results)
     timings = {k: v.get("seconds") for k, v in results.items() if v}
     peak_rss = {k: v.get("peak_rss_mb") for k, v in results.items() if v and v.get("peak_rss_mb") is not None}
     md = [
@@ -106,6 +132,11 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
         "",
         table_s,
         "",
+    ]
+    if gain:
+        md += ["GRPO against SFT, paired per held-out task (the mean of after-GRPO minus after-SFT hybrid "
+               "reward, its standard error, and the tasks it moved up / down):", "", paired_table(gain), ""]
+    md += [
         "Stage wall time (s): " + ", ".join(f"{k} {v}" for k, v in timings.items()),
         "",
     ]
@@ -125,6 +156,6 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
     md_path.write_text("\n".join(md) + "\n")
     json_path = out / "report" / "metrics.json"
     json_path.write_text(json.dumps({"metrics": rows, "timings": timings, "peak_rss_mb": peak_rss,
-                                     "grpo_diagnostics": diagnostics}, indent=2))
+                                     "grpo_vs_sft": gain, "grpo_diagnostics": diagnostics}, indent=2))
     return {"markdown": str(md_path), "json": str(json_path), "curves": [str(p) for p in (sft_png, grpo_png) if p],
             "metrics": rows}
