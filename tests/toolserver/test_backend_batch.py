@@ -266,10 +266,10 @@ def batch_spy(**params) -> _BatchSpy:
     return _BatchSpy(**params)
 
 
-@pytest.mark.ray
-def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding, monkeypatch):
-    """The app builder with max_batch_size > 1 and a backend that has batch_call: concurrent
-    callers are served in batches and each gets the answer a single local call gives."""
+def _served_concurrently(cfg, reqs: list[ToolRequest], batched_tool: str) -> list:
+    """Deploy `cfg` on a fresh local Ray, check `batched_tool` is served batched, call it once
+    (a lazy backend loads there, so the calls that follow arrive together), then send every
+    request at once from its own thread; the results in request order."""
     from concurrent.futures import ThreadPoolExecutor
 
     ray = pytest.importorskip("ray")
@@ -277,6 +277,29 @@ def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding, monkeypa
 
     from toolserver.client import RayToolbox
     from toolserver.serve_app import deploy
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        deploy(cfg)
+        handle = serve.get_deployment_handle(batched_tool, app_name=cfg.app_name)
+        assert handle.describe.remote().result()["batched"] is True
+        box = RayToolbox(app_name=cfg.app_name)
+        try:
+            box.call(reqs[0])
+            with ThreadPoolExecutor(len(reqs)) as pool:
+                return list(pool.map(box.call, reqs))
+        finally:
+            box.close()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding, monkeypatch):
+    """The app builder with max_batch_size > 1 and a backend that has batch_call: concurrent
+    callers are served in batches and each gets the answer a single local call gives."""
+    pytest.importorskip("ray")
     from toolserver.serve_config import ServeConfig
 
     # The replica imports the spy from this module by name; Ray's workers inherit PYTHONPATH.
@@ -302,21 +325,7 @@ def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding, monkeypa
     texts = ["red ball", "sky", "a cat . a dog", "car", "green tree", "text"]
     reqs = [_req("Grounding", image=_drawing(96, 64, i), reference_text=t) for i, t in enumerate(texts)]
     expected = [grounding(r) for r in reqs]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        deploy(cfg)
-        handle = serve.get_deployment_handle("Grounding", app_name=cfg.app_name)
-        assert handle.describe.remote().result()["batched"] is True
-        box = RayToolbox(app_name=cfg.app_name)
-        try:
-            box.call(reqs[0])  # loads the model, so the timed calls below arrive together
-            with ThreadPoolExecutor(len(reqs)) as pool:
-                got = list(pool.map(box.call, reqs))
-        finally:
-            box.close()
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    got = _served_concurrently(cfg, reqs, batched_tool="Grounding")
     assert all(g.ok and g.plumbing_only for g in got), got
     assert max(g.data["served_batch"] for g in got) > 1
     for e, g in zip(expected, got):
@@ -327,13 +336,7 @@ def test_served_grounding_batches_concurrent_calls(tiny_dir, grounding, monkeypa
 def test_a_replica_runs_max_concurrent_batches_at_once():
     """With max_concurrent_batches 2, calls that miss a running batch start in a second batch at
     once: the replica holds more calls than one batch takes."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    ray = pytest.importorskip("ray")
-    from ray import serve
-
-    from toolserver.client import RayToolbox
-    from toolserver.serve_app import deploy
+    pytest.importorskip("ray")
     from toolserver.serve_config import ServeConfig
 
     cfg = ServeConfig.from_dict(
@@ -355,19 +358,7 @@ def test_a_replica_runs_max_concurrent_batches_at_once():
         }
     )
     reqs = [_req("ImageEdit", image=_drawing(32, 32, i), edit_prompt="x") for i in range(4)]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        deploy(cfg)
-        box = RayToolbox(app_name=cfg.app_name)
-        try:
-            box.call(reqs[0])
-            with ThreadPoolExecutor(len(reqs)) as pool:
-                got = list(pool.map(box.call, reqs))
-        finally:
-            box.close()
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    got = _served_concurrently(cfg, reqs, batched_tool="ImageEdit")
     assert all(g.ok for g in got), got
     assert max(g.data["batch_size"] for g in got) <= 2
     assert max(g.data["in_flight"] for g in got) > 2  # one batch at a time holds at most 2
