@@ -50,7 +50,9 @@ class PipelineConfig:
     skip_base_eval: bool = False
     # The toolbox of every stage: images over 400x400 refused (configs/tools/offline_small.yaml).
     sft_overrides: dict[str, Any] = field(default_factory=lambda: {"tools.config": "offline_small"})
-    grpo_overrides: dict[str, Any] = field(default_factory=lambda: {"tools.config": "offline_small"})
+    # GRPO's loss on 4 of a step's 16 rollouts at a time: the same step at a lower memory peak.
+    grpo_overrides: dict[str, Any] = field(default_factory=lambda: {
+        "tools.config": "offline_small", "optim.per_device_train_batch_size": 4, "optim.gradient_accumulation_steps": 4})
     # The CanvasCraft build, restricted to tools that really run offline.
     cc_sft_n: int = 64
     cc_rl_n: int = 48

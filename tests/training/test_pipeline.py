@@ -82,7 +82,9 @@ def test_pipeline_scripted_only_runs(tmp_path):
 def test_cli_overrides_merge_over_the_config_files():
     # `--grpo-set optim.learning_rate=...` must not drop the file's tools config or model size.
     cfg = PipelineConfig.load("testbed", grpo_overrides={"optim.learning_rate": 5e-5}, sft_overrides={"optim.max_steps": 10})
-    assert cfg.grpo_overrides == {"tools.config": "offline_small", "model.tiny_size": "s", "optim.learning_rate": 5e-5}
+    assert cfg.grpo_overrides == {"tools.config": "offline_small", "model.tiny_size": "s", "optim.per_device_train_batch_size": 4,
+                                  "optim.gradient_accumulation_steps": 4, "optim.learning_rate": 5e-5}
     assert cfg.sft_overrides["optim.max_steps"] == 10 and cfg.sft_overrides["model.tiny_size"] == "s"
     default = PipelineConfig.load(grpo_overrides={"tools.config": "offline"})
-    assert default.grpo_overrides == {"tools.config": "offline"} and default.sft_overrides == {"tools.config": "offline_small"}
+    assert default.grpo_overrides == {"tools.config": "offline", "optim.per_device_train_batch_size": 4,
+                                      "optim.gradient_accumulation_steps": 4} and default.sft_overrides == {"tools.config": "offline_small"}
