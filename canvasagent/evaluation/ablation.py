@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from canvasagent.evaluation.metrics import summarize
+from canvasagent.evaluation.metrics import paired_difference, summarize
 from canvasagent.evaluation.report import metrics_table, write_report
 from canvasagent.stage_runner import StagedRun
 from rewards.hybrid import canonical_scores
@@ -107,6 +107,42 @@ class AblationConfig:
 
 def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "cell"
+
+
+PAIRED_COLUMNS = ("hybrid", "align", "traj", "rule")
+REFERENCE_CELL = "SFT+RL"  # the paper's full method: the other cells are read against it
+
+
+def paired_against(out: Path, cells: list[str], reference: str, mode: str = "greedy") -> dict[str, dict[str, dict[str, float]]]:
+    """Each cell minus `reference` on `PAIRED_COLUMNS`, paired per held-out task, read from the
+    cells' saved reports (`cells/<slug>/eval/<mode>/report.json`): {cell: {column:
+    `paired_difference`}}. A cell without a report, or with other tasks than the reference's,
+    is left out (it cannot be paired)."""
+    def per_task(name: str) -> dict[str, dict[str, float]] | None:
+        path = out / "cells" / slug(name) / "eval" / mode / "report.json"
+        if not path.exists():
+            return None
+        return {t["task_id"]: canonical_scores(t["scores"]) for t in json.loads(path.read_text()).get("tasks") or []}
+
+    ref = per_task(reference)
+    if not ref:
+        return {}
+    ids = sorted(ref)
+    out_rows: dict[str, dict[str, dict[str, float]]] = {}
+    for name in cells:
+        got = per_task(name) if name != reference else None
+        if got is None or sorted(got) != ids:
+            continue
+        out_rows[name] = {c: paired_difference([ref[i] for i in ids], [got[i] for i in ids], c) for c in PAIRED_COLUMNS}
+    return out_rows
+
+
+def paired_table(paired: dict[str, dict[str, dict[str, float]]], reference: str) -> str:
+    head = f"| Setting - {reference} | " + " | ".join(PAIRED_COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (len(PAIRED_COLUMNS) + 1)]
+    for name, cols in paired.items():
+        lines.append(f"| {name} | " + " | ".join(f"{cols[c]['mean_diff']:+.3f} ± {cols[c]['se']:.3f}" for c in PAIRED_COLUMNS) + " |")
+    return "\n".join(lines)
 
 
 def _set_args(overrides: dict[str, Any]) -> list[str]:
@@ -338,11 +374,16 @@ class AblationRunner:
         extra += [f"| {n} | {r.success_rate:.3f} | {r.valid_reply_rate:.3f} | {r.seconds / 60:.1f} |" for n, r in results.items()]
         notes = [f"- {n}: FAILED — {msg.splitlines()[0]}" for n, msg in failures.items()]
         md = f"# Ablation: {self.cfg.name}\n\nEvaluated with the `{self.cfg.eval.preset}` reward, {self.cfg.eval.judge} judges.\n\n{table}\n" + "\n".join(extra) + "\n"
+        paired = paired_against(self.out, list(results), REFERENCE_CELL) if REFERENCE_CELL in results else {}
+        if paired:
+            md += (f"\nEach cell minus {REFERENCE_CELL}, paired per held-out task (greedy; mean ± standard error):\n\n"
+                   + paired_table(paired, REFERENCE_CELL) + "\n")
         if notes:
             md += "\n" + "\n".join(notes) + "\n"
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "table.md").write_text(md)
-        payload = {"name": self.cfg.name, "cells": {n: r.to_dict() for n, r in results.items()}, "failures": failures}
+        payload = {"name": self.cfg.name, "cells": {n: r.to_dict() for n, r in results.items()}, "failures": failures,
+                   "paired_vs_reference": {"reference": REFERENCE_CELL, "cells": paired}}
         (self.out / "table.json").write_text(json.dumps(payload, indent=2, default=float))
         self.curves()
         return {"markdown": md, **payload}

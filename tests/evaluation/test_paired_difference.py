@@ -67,3 +67,29 @@ def test_report_leaves_out_the_table_when_the_tasks_do_not_pair(tmp_path: Path):
     grpo = _eval([{"hybrid": 0.5}] * 2, [], ["scripted"] * 2)
     assert paired_grpo_gain({"eval_sft": sft, "eval_grpo": grpo}) == {}
     assert "paired per held-out task" not in Path(write_report(tmp_path, {"eval_sft": sft, "eval_grpo": grpo})["markdown"]).read_text()
+
+
+def _cell_report(root: Path, cell: str, scores: dict[str, dict[str, float]]) -> None:
+    from canvasagent.evaluation.ablation import slug
+
+    path = root / "cells" / slug(cell) / "eval" / "greedy" / "report.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"tasks": [{"task_id": t, "scores": s} for t, s in scores.items()]}))
+
+
+def test_ablation_cells_are_paired_against_the_reference_cell(tmp_path: Path):
+    from canvasagent.evaluation.ablation import paired_against, paired_table
+
+    full = {"t1": {"hybrid": 0.6, "align": 0.5, "traj": 0.4, "rule": 0.9}, "t2": {"hybrid": 0.4, "align": 0.1, "traj": 0.2, "rule": 0.7}}
+    _cell_report(tmp_path, "SFT+RL", full)
+    # task order in a report does not matter; a legacy total name reads as hybrid
+    _cell_report(tmp_path, "w/o outcome reward", {"t2": {"total": 0.3, "align": 0.0, "traj": 0.2, "rule": 0.8},
+                                                  "t1": {"hybrid": 0.5, "align": 0.3, "traj": 0.4, "rule": 0.9}})
+    _cell_report(tmp_path, "other tasks", {"t1": full["t1"], "t3": full["t2"]})
+    paired = paired_against(tmp_path, ["SFT+RL", "w/o outcome reward", "other tasks", "no report"], "SFT+RL")
+    assert list(paired) == ["w/o outcome reward"]
+    cols = paired["w/o outcome reward"]
+    assert cols["hybrid"]["mean_diff"] == pytest.approx(-0.1) and cols["align"]["mean_diff"] == pytest.approx(-0.15)
+    assert cols["rule"]["mean_diff"] == pytest.approx(0.05) and cols["traj"]["losses"] == 0
+    assert "| w/o outcome reward | -0.100 ± 0.000 | -0.150 ± 0.050 |" in paired_table(paired, "SFT+RL")
+    assert paired_against(tmp_path, ["SFT+RL"], "missing") == {}
