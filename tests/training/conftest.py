@@ -21,3 +21,24 @@ def record_scored_batches(trainer) -> list[dict]:
 
     trainer._generate_and_score_completions = keep
     return batches
+
+
+def replay_turns(trainer, tokenizer, script: list[list[str]]) -> dict[str, int]:
+    """Replace the policy's sampler: its k-th call (one turn of every active rollout) answers row
+    i with `script[k % len(script)][i % len(that turn)]`, right-padded. Returns the call counter."""
+    import torch
+
+    calls = {"n": 0}
+
+    def generate(**kw):
+        turn = script[calls["n"] % len(script)]
+        calls["n"] += 1
+        ids = kw["input_ids"]
+        replies = [tokenizer.encode(turn[i % len(turn)], add_special_tokens=False) for i in range(ids.shape[0])]
+        new = torch.full((ids.shape[0], max(map(len, replies))), tokenizer.pad_token_id, dtype=ids.dtype)
+        for i, r in enumerate(replies):
+            new[i, : len(r)] = torch.tensor(r)
+        return torch.cat([ids, new], dim=1)
+
+    trainer.model.generate = generate
+    return calls

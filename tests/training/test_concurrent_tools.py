@@ -16,7 +16,7 @@ import torch
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.grpo import build_grpo_trainer
 from canvasagent.training.trl_multimodal import ConcurrentToolRunner, ToolConcurrency
-from tests.training.conftest import record_scored_batches
+from tests.training.conftest import record_scored_batches, replay_turns
 from toolserver.backends.latency import reset_latency_stats
 
 EDIT = ('<reason>Edit {a}.</reason>\n<tool_call>\n{{"name": "ImageEdit", "arguments": '
@@ -44,20 +44,7 @@ def _run(cfg: TrainConfig, concurrent: bool, script: list[list[str]]):
     box.backends["ImageEdit"]._fn = None  # rebuilt on first call with this test's latency
     box.backends["ImageEdit"].params = {"latency_s": LATENCY_S, "stats_key": f"test-{concurrent}"}
     stats = reset_latency_stats(f"test-{concurrent}")
-    tok = processor.tokenizer
-    calls = {"n": 0}
-
-    def generate(**kw):
-        k = calls["n"] % len(script)
-        calls["n"] += 1
-        ids = kw["input_ids"]
-        replies = [tok.encode(script[k][i % len(script[k])], add_special_tokens=False) for i in range(ids.shape[0])]
-        new = torch.full((ids.shape[0], max(map(len, replies))), tok.pad_token_id, dtype=ids.dtype)
-        for i, r in enumerate(replies):
-            new[i, : len(r)] = torch.tensor(r)
-        return torch.cat([ids, new], dim=1)
-
-    trainer.model.generate = generate
+    replay_turns(trainer, processor.tokenizer, script)
     batches = record_scored_batches(trainer)
     t0 = time.perf_counter()
     trainer.train()

@@ -16,7 +16,7 @@ import torch
 
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.grpo import build_grpo_trainer
-from tests.training.conftest import record_scored_batches
+from tests.training.conftest import record_scored_batches, replay_turns
 
 FLIP = '<reason>Mirror img_1.</reason>\n<tool_call>\n{"name": "Flip", "arguments": {"image": "img_1"}}\n</tool_call><|im_end|>'
 BROKEN = '<reason>Mirror img_1.</reason>\n<tool_call>\n{"name": "Flip", "arguments": {"image": <|im_end|>'
@@ -32,20 +32,8 @@ def _step(out: Path, tiny_dir: Path, micro: int) -> tuple[list[dict], dict]:
         "grpo.max_completion_length": 256, "run.save_steps": 0, "run.dump_every": 0, "run.logging_steps": 1,
     })
     trainer, processor, _ = build_grpo_trainer(cfg)
-    tok = processor.tokenizer
-    turns = {"n": 0}
-
-    def generate(**kw):  # turn 1: rollouts 0, 2 call Flip, 1, 3 break; turn 2: the callers stop
-        ids = kw["input_ids"]
-        script = [FLIP, BROKEN] if turns["n"] == 0 else [STOP]
-        turns["n"] += 1
-        replies = [tok.encode(script[i % len(script)], add_special_tokens=False) for i in range(ids.shape[0])]
-        new = torch.full((ids.shape[0], max(map(len, replies))), tok.pad_token_id, dtype=ids.dtype)
-        for i, r in enumerate(replies):
-            new[i, : len(r)] = torch.tensor(r)
-        return torch.cat([ids, new], dim=1)
-
-    trainer.model.generate = generate
+    # turn 1: rollouts 0 and 2 call Flip, 1 and 3 break the call; turn 2: the callers stop
+    replay_turns(trainer, processor.tokenizer, [[FLIP, BROKEN], [STOP]])
     batches = record_scored_batches(trainer)
     trainer.train()
     logged = next(h for h in trainer.state.log_history if "loss" in h)
