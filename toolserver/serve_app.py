@@ -128,11 +128,12 @@ class ToolDeployment:
             limits=Limits(**(limits or {})),
         )
         self.checked_box = LocalToolbox(backends=self.box.backends, max_output_pixels=max_pixels)  # for requests already checked
-        # Model code is rarely thread-safe: one thread per batch the config lets run at once.
-        # Pure tools are thread-safe (each call has its own images) and Pillow releases the GIL.
-        workers = max_concurrent_batches if fn is not None else PURE_THREADS
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"tool-{self.tool}")
         self.batched = max_batch_size > 1 and callable(getattr(fn, "batch_call", None))
+        # Model code is rarely thread-safe: one thread, or one per batch the config lets run at
+        # once (unbatched calls of a model tool stay one at a time whatever the setting).
+        # Pure tools are thread-safe (each call has its own images) and Pillow releases the GIL.
+        workers = PURE_THREADS if fn is None else max_concurrent_batches if self.batched else 1
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"tool-{self.tool}")
         if self.batched:
             # Built per replica: serve.batch's decorator form offers no max_concurrent_batches setter.
             self._batch = serve.batch(
