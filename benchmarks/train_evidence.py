@@ -82,12 +82,12 @@ def main(argv: list[str] | None = None) -> int:
             for key, pkey in PAIRED.items():
                 sft, grpo = res["eval_sft"][tkey], res["eval_grpo"][tkey]
                 row[f"{mode}_paired_{key}"] = paired_difference(sft, grpo, pkey)
-                pooled.setdefault(f"{mode}_{key}", ([], []))
-                pooled[f"{mode}_{key}"][0].extend(sft)
-                pooled[f"{mode}_{key}"][1].extend(grpo)
+                before, after = pooled.setdefault(f"{mode}_{key}", (pkey, [], []))[1:]
+                before.extend(sft)
+                after.extend(grpo)
         row["by_chain"] = _by_chain(out / f"seed_{seed}", res)
         rows.append(row)
-    pooled_stats = {k: paired_difference(sft, grpo, PAIRED[k.split("_", 1)[1]]) for k, (sft, grpo) in pooled.items()}
+    pooled_stats = {k: paired_difference(sft, grpo, pkey) for k, (pkey, sft, grpo) in pooled.items()}
 
     # -- tables --------------------------------------------------------------------------------------
     def table(mode: str) -> list[str]:

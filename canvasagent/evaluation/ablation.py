@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from canvasagent.evaluation.metrics import paired_difference, summarize
-from canvasagent.evaluation.report import metrics_table, write_report
+from canvasagent.evaluation.report import markdown_table, metrics_table, write_report
 from canvasagent.stage_runner import StagedRun
 from rewards.hybrid import canonical_scores
 from toolserver.config import find_config, from_dict, load_yaml
@@ -138,11 +138,8 @@ def paired_against(out: Path, cells: list[str], reference: str, mode: str = "gre
 
 
 def paired_table(paired: dict[str, dict[str, dict[str, float]]], reference: str) -> str:
-    head = f"| Setting - {reference} | " + " | ".join(PAIRED_COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (len(PAIRED_COLUMNS) + 1)]
-    for name, cols in paired.items():
-        lines.append(f"| {name} | " + " | ".join(f"{cols[c]['mean_diff']:+.3f} ± {cols[c]['se']:.3f}" for c in PAIRED_COLUMNS) + " |")
-    return "\n".join(lines)
+    cells = [[name, *(f"{cols[c]['mean_diff']:+.3f} ± {cols[c]['se']:.3f}" for c in PAIRED_COLUMNS)] for name, cols in paired.items()]
+    return markdown_table([f"Setting - {reference}", *PAIRED_COLUMNS], cells)
 
 
 def _set_args(overrides: dict[str, Any]) -> list[str]:
