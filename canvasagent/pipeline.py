@@ -115,24 +115,25 @@ class Pipeline:
         self.cfg = cfg
         self.out = Path(cfg.out).resolve()
         seed = cfg.seed
-        cc = self.out / "data" / "canvascraft"
-        sft_data: dict[str, Any] = {}
-        grpo_data: dict[str, Any] = {}
-        if "canvascraft" in cfg.sources:
-            # The training data format is the pipeline mode (mixed | canvascraft).
-            common = {"tools.names": self.policy_tools(), "data.format": cfg.data}
-            sft_data = {**common, "data.path": str(cc / "sft")}
-            grpo_data = {**common, "data.path": str(cc / "rl")}
         self.sft = TrainConfig.load(cfg.sft_config, {
             "run.output_dir": str(self.out / "sft"), "run.seed": seed, "model.tiny_seed": seed,
-            "data.seed": 1000 * seed, **sft_data, **cfg.sft_overrides,
+            "data.seed": 1000 * seed, **self.train_data("sft"), **cfg.sft_overrides,
         })
         self.grpo = TrainConfig.load(cfg.grpo_config, {
             "run.output_dir": str(self.out / "grpo"), "run.seed": seed, "model.tiny_seed": seed,
             "data.seed": 1000 * seed + 1, "run.init_from": str(self.out / "sft" / "final"),
-            **grpo_data, **cfg.grpo_overrides,
+            **self.train_data("grpo"), **cfg.grpo_overrides,
         })
         self.stages = StagedRun(self.out, "pipeline")
+
+    def train_data(self, kind: str) -> dict[str, Any]:
+        """The training config fields that point a `kind` (sft | grpo) run at this pipeline's data:
+        its data format, the CanvasCraft build under `<out>/data` and the tools its tasks use;
+        {} when it trains on made tasks only (the training config's own data section)."""
+        if "canvascraft" not in self.cfg.sources:
+            return {}
+        return {"tools.names": self.policy_tools(), "data.format": self.cfg.data,
+                "data.path": str(self.out / "data" / "canvascraft" / ("sft" if kind == "sft" else "rl"))}
 
     def policy_tools(self) -> list[str]:
         """The offline tools the tasks use: those of the CanvasCraft chains the mix keeps, plus the
@@ -161,6 +162,15 @@ class Pipeline:
         return {name: (src := get_source(name)).eval_tasks(cfg, None if src.needs_path else self.cfg.n_eval,
                                                             1000 * self.cfg.seed + 999, toolbox)
                 for name in self.cfg.sources}
+
+    def eval_tasks(self, limit: int | None = None) -> tuple[list, list[str]]:
+        """Every source's held-out tasks (the first `limit` of each) in `cfg.sources` order, and
+        the source of each task."""
+        tasks, sources = [], []
+        for source, ts in self._eval_sets().items():
+            tasks += ts[:limit]
+            sources += [source] * len(ts[:limit])
+        return tasks, sources
 
     def _build_canvascraft(self) -> dict[str, Any]:
         from canvascraft.build import load_build_config, run_build
@@ -209,10 +219,7 @@ class Pipeline:
         ws = workspace(self.sft)
         toolbox = ws.env_cls.toolbox()
         scorer = make_scorer(self.grpo.grpo.reward_preset, self.grpo.grpo.judge, toolbox)
-        tasks, sources = [], []
-        for source, ts in self._eval_sets().items():
-            tasks += ts[:limit]
-            sources += [source] * len(ts[:limit])
+        tasks, sources = self.eval_tasks(limit)
         index = {s: [i for i, x in enumerate(sources) if x == s] for s in dict.fromkeys(sources)}
         res = evaluate_checkpoint(model_dir, tasks, scorer, toolbox, ws.tool_fns, self.out / name, max_turns=self.grpo.grpo.max_turns,
                                   max_new_tokens=self.cfg.eval_max_new_tokens, temperature=self.grpo.grpo.temperature,

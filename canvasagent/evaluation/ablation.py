@@ -82,10 +82,10 @@ class EvalSection:
 @dataclass
 class AblationConfig:
     name: str = "ablation"
-    # A configs/pipeline/<name> whose data stage builds the grid's data under <out>/data: every
-    # run trains on it (its data format, paths, tool list and the pipeline's train overrides) and
-    # every cell is evaluated on its held-out split (which replaces `eval.tasks`) with its tools
-    # config. None: the train configs' own data.
+    # A configs/pipeline/<name> (any of its data sources) whose data stage builds the grid's data
+    # under <out>/data: every run trains on it (`Pipeline.train_data` and the pipeline's train
+    # overrides) and every cell is evaluated on the pipeline's held-out tasks (which replace
+    # `eval.tasks`) with its tools config. None: the train configs' own data.
     data: str | None = None
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
@@ -247,30 +247,29 @@ class AblationRunner:
         return out
 
     def _data(self) -> dict[str, Any]:
-        """Build (or find, on a rerun) the `data` pipeline's data; the training overrides and the
-        eval split it gives every run."""
-        if self._data_cache is not None:
-            return self._data_cache
-        from canvasagent.pipeline import Pipeline, PipelineConfig
+        """Build (or find, on a rerun) the `data` pipeline's data: the training overrides it gives
+        every run, the pipeline (whose held-out tasks every cell is evaluated on) and its seed."""
+        if self._data_cache is None:
+            from canvasagent.pipeline import Pipeline, PipelineConfig
 
-        pipe = Pipeline(PipelineConfig.load(self.cfg.data, out=str(self.out)))
-        if pipe.cfg.data != "canvascraft":  # refused before anything is built
-            raise AblationError(f"data: pipeline {self.cfg.data!r} must use data: canvascraft (it has {pipe.cfg.data!r})")
-        pipe.run(only=["data"])
-        cc = self.out / "data" / "canvascraft"
-        tools = pipe.policy_tools()
-        common = {"data.format": "canvascraft", "tools.names": tools}
-        self._data_cache = {"sft": {**common, "data.path": str(cc / "sft"), **pipe.cfg.sft_overrides},
-                            "grpo": {**common, "data.path": str(cc / "rl"), **pipe.cfg.grpo_overrides},
-                            "eval_tasks": str(cc / "rl"), "seed": pipe.cfg.seed}
+            pipe = Pipeline(PipelineConfig.load(self.cfg.data, out=str(self.out)))
+            pipe.run(only=["data"])
+            self._data_cache = {"sft": {**pipe.train_data("sft"), **pipe.cfg.sft_overrides},
+                                "grpo": {**pipe.train_data("grpo"), **pipe.cfg.grpo_overrides},
+                                "pipeline": pipe, "seed": pipe.cfg.seed}
         return self._data_cache
 
-    def eval_tasks(self) -> str:
+    def eval_tasks(self) -> list:
+        """The held-out tasks every cell is evaluated on: the `data` pipeline's (the first
+        `eval.limit` of each source), else `eval.tasks` (a split path, or made scripted tasks)."""
+        limit = self.cfg.eval.limit
         if self.cfg.data:
-            return self._data()["eval_tasks"]
+            return self._data()["pipeline"].eval_tasks(limit)[0]
+        from canvasagent.evaluation.tasks_io import load_tasks
+
         tasks = self.cfg.eval.tasks
         if isinstance(tasks, str):
-            return tasks
+            return load_tasks(tasks, limit=limit)
         if isinstance(tasks, dict) and "scripted" in tasks:
             path = self.out / "eval_tasks"
             if not (path / "tasks.jsonl").exists():
@@ -285,7 +284,7 @@ class AblationRunner:
                     write_tasks([attach_reference(t, toolbox) for t, _ in pairs], path)
                 finally:
                     toolbox.close()
-            return str(path)
+            return load_tasks(path, limit=limit)
         raise AblationError(f"eval.tasks must be a path or {{scripted: {{...}}}}, got {tasks!r}")
 
     def _train(self, kind: str, config: str, out: Path, overrides: Callable[[], dict[str, Any]]) -> Path:
@@ -307,7 +306,6 @@ class AblationRunner:
         temperature, `eval.max_turns`, scored by `eval.preset` with every judge; a report per mode
         under `out`. Returns {mode: EvalResult}."""
         from canvasagent.evaluation.scoring import make_scorer
-        from canvasagent.evaluation.tasks_io import load_tasks
         from canvasagent.training.common import workspace
         from canvasagent.training.config import TrainConfig
         from canvasagent.training.evaluate import evaluate_checkpoint
@@ -317,7 +315,7 @@ class AblationRunner:
         ws = workspace(grpo, build_model=False)
         toolbox = ws.env_cls.toolbox()
         options = {k: v for k, v in e.policy_options.items() if k not in ("layout", "tools")}
-        tasks = load_tasks(self.eval_tasks(), limit=e.limit)
+        tasks = self.eval_tasks()
         try:
             res = evaluate_checkpoint(
                 checkpoint, tasks, make_scorer(e.preset, e.judge, toolbox, every_judge=True),

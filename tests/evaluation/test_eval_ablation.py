@@ -187,6 +187,40 @@ def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid
     assert (out_dir / "cells" / "sft-only" / "eval" / "greedy" / "report.md").exists()
 
 
+def test_grid_data_from_a_mixed_pipeline_evaluates_every_source(grid, tmp_path, monkeypatch):
+    """A pipeline of two sources (scripted + CanvasCraft) feeds the grid as it feeds the pipeline:
+    the runs get its data fields, and every cell is evaluated on the held-out tasks of both."""
+    from canvasagent.pipeline import Pipeline, PipelineConfig
+
+    pipe = tmp_path / "pipe.yaml"
+    pipe.write_text(yaml.safe_dump({
+        "data": "mixed", "n_eval": 2, "cc_chains": ["chains", "chains_offline"],
+        "cc_mix": {"single": 0, "hard": 0, "offline": 0, "Flip": 1}, "cc_sft_n": 2, "cc_rl_n": 2, "cc_eval_n": 2,
+        "sft_overrides": {}, "grpo_overrides": {},
+    }))
+    g = yaml.safe_load(grid.read_text())
+    g["data"], g["cells"] = str(pipe), g["cells"][:1]
+    path = tmp_path / "grid_mixed.yaml"
+    path.write_text(yaml.safe_dump(g))
+    seen = []
+
+    def evaluate_checkpoint(checkpoint, tasks, scorer, toolbox, tool_fns, out, **kw):
+        seen.append(tasks)
+        res = [TaskResult(t.id, scores={"hybrid": 0.5}, n_turns=1, valid_replies=1) for t in tasks]
+        return {"greedy": EvalResult(policy_metrics(res), res)}
+
+    monkeypatch.setattr("canvasagent.training.evaluate.evaluate_checkpoint", evaluate_checkpoint)
+    out_dir = tmp_path / "abl"
+    trainer = FakeTrainer()
+    AblationRunner(AblationConfig.load(path), out_dir, trainer).run()
+    expected = Pipeline(PipelineConfig.load(pipe, out=str(out_dir)))
+    assert trainer.calls[0][1]["data.format"] == "mixed"
+    assert trainer.calls[0][1]["data.path"] == str(out_dir / "data" / "canvascraft" / "sft")
+    tasks, sources = expected.eval_tasks()
+    assert sources == ["scripted"] * 2 + ["canvascraft"] * 2
+    assert [t.id for t in seen[0]] == [t.id for t in tasks]
+
+
 def test_cell_records_written_by_earlier_code_are_read(grid, tmp_path):
     # A finished cell recorded with the legacy total name and no peak RSS; a reused SFT run with a note.
     out = tmp_path / "abl"
