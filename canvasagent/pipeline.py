@@ -114,6 +114,8 @@ class Pipeline:
         cfg.validate()
         self.cfg = cfg
         self.out = Path(cfg.out).resolve()
+        self._tools: list[str] | None = None
+        self._eval_cache: dict[str, list] | None = None
         seed = cfg.seed
         self.sft = TrainConfig.load(cfg.sft_config, {
             "run.output_dir": str(self.out / "sft"), "run.seed": seed, "model.tiny_seed": seed,
@@ -132,7 +134,9 @@ class Pipeline:
         {} when it trains on made tasks only (the training config's own data section)."""
         if "canvascraft" not in self.cfg.sources:
             return {}
-        return {"tools.names": self.policy_tools(), "data.format": self.cfg.data,
+        if self._tools is None:
+            self._tools = self.policy_tools()
+        return {"tools.names": list(self._tools), "data.format": self.cfg.data,
                 "data.path": str(self.out / "data" / "canvascraft" / ("sft" if kind == "sft" else "rl"))}
 
     def policy_tools(self) -> list[str]:
@@ -153,15 +157,21 @@ class Pipeline:
     # -- stages ------------------------------------------------------------------------------------
     def _eval_sets(self) -> dict[str, list]:
         """Held-out tasks per source, in `cfg.sources` order, from the source registry: a build's whole
-        eval split (`cc_eval_n` tasks), or `n_eval` made tasks drawn with a seed no training stage uses."""
+        eval split (`cc_eval_n` tasks), or `n_eval` made tasks drawn with a seed no training stage uses.
+        Read once per pipeline (after the data stage has built what a source reads)."""
         from canvasagent.training.common import toolbox_factory
         from canvasagent.training.sources import get_source
 
-        cfg = replace(self.sft, data=replace(self.sft.data, path=str(self.out / "data" / "canvascraft" / "rl")))
-        toolbox = toolbox_factory(self.sft)()
-        return {name: (src := get_source(name)).eval_tasks(cfg, None if src.needs_path else self.cfg.n_eval,
-                                                            1000 * self.cfg.seed + 999, toolbox)
-                for name in self.cfg.sources}
+        if self._eval_cache is None:
+            cfg = replace(self.sft, data=replace(self.sft.data, path=str(self.out / "data" / "canvascraft" / "rl")))
+            toolbox = toolbox_factory(self.sft)()
+            try:
+                self._eval_cache = {name: (src := get_source(name)).eval_tasks(cfg, None if src.needs_path else self.cfg.n_eval,
+                                                                                1000 * self.cfg.seed + 999, toolbox)
+                                    for name in self.cfg.sources}
+            finally:
+                toolbox.close()
+        return {name: list(tasks) for name, tasks in self._eval_cache.items()}
 
     def eval_tasks(self, limit: int | None = None) -> tuple[list, list[str]]:
         """Every source's held-out tasks (the first `limit` of each) in `cfg.sources` order, and

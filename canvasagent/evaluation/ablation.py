@@ -206,6 +206,7 @@ class AblationRunner:
         self.trainer = trainer or cli_trainer(config.train.launcher)
         self.evaluator = evaluator or self.evaluate
         self._data_cache: dict[str, Any] | None = None
+        self._eval_cache: list | None = None
         self.stages = StagedRun(self.out, "ablation")
 
     # -- stages ------------------------------------------------------------------------------
@@ -261,7 +262,13 @@ class AblationRunner:
 
     def eval_tasks(self) -> list:
         """The held-out tasks every cell is evaluated on: the `data` pipeline's (the first
-        `eval.limit` of each source), else `eval.tasks` (a split path, or made scripted tasks)."""
+        `eval.limit` of each source), else `eval.tasks` (a split path, or made scripted tasks).
+        Read once per grid; every cell gets the same list."""
+        if self._eval_cache is None:
+            self._eval_cache = self._read_eval_tasks()
+        return list(self._eval_cache)
+
+    def _read_eval_tasks(self) -> list:
         limit = self.cfg.eval.limit
         if self.cfg.data:
             return self._data()["pipeline"].eval_tasks(limit)[0]

@@ -88,3 +88,38 @@ def test_cli_overrides_merge_over_the_config_files():
     default = PipelineConfig.load(grpo_overrides={"tools.config": "offline"})
     assert default.grpo_overrides == {"tools.config": "offline", "optim.per_device_train_batch_size": 4,
                                       "optim.gradient_accumulation_steps": 4} and default.sft_overrides == {"tools.config": "offline_small"}
+
+
+def test_held_out_tasks_are_read_once_and_their_toolbox_is_closed(tmp_path, monkeypatch):
+    """`Pipeline.eval_tasks` is asked for by every evaluation stage and every ablation cell; the
+    tasks are drawn once per pipeline, and the toolbox that attached their references is closed."""
+    import canvasagent.training.common as common
+    from canvasagent.pipeline import Pipeline
+    from canvasagent.training.sources import Scripted
+
+    real_factory, real_eval = common.toolbox_factory, Scripted.eval_tasks
+    made, closed, draws = [], [], []
+
+    def factory(cfg):
+        make = real_factory(cfg)
+
+        def build():
+            tb = make()
+            close = tb.close
+            tb.close = lambda: (closed.append(tb), close())[1]
+            made.append(tb)
+            return tb
+        return build
+
+    def eval_tasks(self, *a, **kw):
+        draws.append(1)
+        return real_eval(self, *a, **kw)
+
+    monkeypatch.setattr(common, "toolbox_factory", factory)
+    monkeypatch.setattr(Scripted, "eval_tasks", eval_tasks)
+    pipe = Pipeline(PipelineConfig.load(data="scripted", n_eval=2, out=str(tmp_path / "p")))
+    first, sources = pipe.eval_tasks()
+    again, _ = pipe.eval_tasks(limit=1)
+    assert sources == ["scripted", "scripted"] and [t.id for t in again] == [first[0].id]
+    assert len(draws) == 1
+    assert len(made) == 1 and closed == made
