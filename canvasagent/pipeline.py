@@ -47,6 +47,9 @@ class PipelineConfig:
     # Besides greedy decoding, trained policies are also evaluated by sampling at the training
     # temperature (what GRPO optimises): `eval_samples` episodes per task.
     eval_samples: int = 4
+    # The reward preset of every evaluation stage; None: the GRPO run's. Set it to train GRPO on
+    # one preset (`--grpo-set grpo.reward_preset=...`) and still compare the stages on another.
+    eval_preset: str | None = None
     skip_base_eval: bool = False
     # The toolbox of every stage: images over 400x400 refused (configs/tools/offline_small.yaml).
     sft_overrides: dict[str, Any] = field(default_factory=lambda: {"tools.config": "offline_small"})
@@ -228,7 +231,7 @@ class Pipeline:
 
         ws = workspace(self.sft)
         toolbox = ws.env_cls.toolbox()
-        scorer = make_scorer(self.grpo.grpo.reward_preset, self.grpo.grpo.judge, toolbox)
+        scorer = make_scorer(self.cfg.eval_preset or self.grpo.grpo.reward_preset, self.grpo.grpo.judge, toolbox)
         tasks, sources = self.eval_tasks(limit)
         index = {s: [i for i, x in enumerate(sources) if x == s] for s in dict.fromkeys(sources)}
         res = evaluate_checkpoint(model_dir, tasks, scorer, toolbox, ws.tool_fns, self.out / name, max_turns=self.grpo.grpo.max_turns,

@@ -353,3 +353,22 @@ def test_an_int_with_no_decimal_form_costs_only_its_call():
     b = rule(ep.finish("terminate"))
     assert not any(r.startswith("rule_reward_exception") for r in b.reasons), b.reasons
     assert [c.exec for c in b.calls] == [0, 0, 1] and b.calls[2].q == A(1.0)
+
+
+def test_try_chains_preset_pays_a_failed_next_step_above_stopping_early():
+    """On a Rotate+Flip task: the paper preset pays stopping after Rotate more than trying Flip on
+    an asset that does not exist (the failure is charged as an error, in the action mean and as a
+    missing tool); `paper-try-chains` reverses that, and both keep the finished chain on top."""
+    from rewards.config import load_reward_config
+
+    img = [gradient()]
+    rotate = R(name="Rotate", args={"image": "img_1", "angle": 90})
+    finished = run([rotate, R(name="Flip", args={"image": "Rotate_0"}), DONE], img, ["Rotate", "Flip"])
+    stopped = run([rotate, DONE], img, ["Rotate", "Flip"])
+    failed = run([rotate, R(name="Flip", args={"image": "img_99"}), DONE], img, ["Rotate", "Flip"])
+    paper, tries = load_reward_config("paper").rule, load_reward_config("paper-try-chains").rule
+    assert score_rule(stopped, paper).r_rule > score_rule(failed, paper).r_rule
+    assert score_rule(failed, tries).r_rule > score_rule(stopped, tries).r_rule
+    for cfg in (paper, tries):
+        assert score_rule(finished, cfg).r_rule == A(1.0)
+        assert score_rule(finished, cfg).r_rule > max(score_rule(stopped, cfg).r_rule, score_rule(failed, cfg).r_rule)

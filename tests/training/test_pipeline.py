@@ -123,3 +123,23 @@ def test_held_out_tasks_are_read_once_and_their_toolbox_is_closed(tmp_path, monk
     assert sources == ["scripted", "scripted"] and [t.id for t in again] == [first[0].id]
     assert len(draws) == 1
     assert len(made) == 1 and closed == made
+
+
+def test_evaluation_is_scored_by_eval_preset_while_grpo_trains_on_its_own(tmp_path, monkeypatch):
+    """testbed_try_chains trains GRPO on paper-try-chains and evaluates every stage with paper."""
+    from canvasagent.pipeline import Pipeline
+
+    seen = []
+
+    def evaluate_checkpoint(model_dir, tasks, scorer, *a, **kw):
+        seen.append(scorer.source)
+        return {}
+
+    monkeypatch.setattr("canvasagent.training.evaluate.evaluate_checkpoint", evaluate_checkpoint)
+    cfg = PipelineConfig.load("testbed_try_chains", out=str(tmp_path / "p"), data="scripted", n_eval=1)
+    pipe = Pipeline(cfg)
+    assert pipe.grpo.grpo.reward_preset == "paper-try-chains" and cfg.eval_preset == "paper"
+    pipe._evaluate(tmp_path / "ckpt", "eval_sft")
+    cfg.eval_preset = None
+    Pipeline(cfg)._evaluate(tmp_path / "ckpt", "eval_sft")
+    assert seen == ["rewards:paper", "rewards:paper-try-chains"]
