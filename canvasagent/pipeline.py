@@ -71,10 +71,12 @@ class PipelineConfig:
     def load(cls, name_or_path: str | Path = "default", **overrides: Any) -> "PipelineConfig":
         """A configs/pipeline/ YAML (or a path); keyword overrides that are not None win. The
         `sft_overrides` / `grpo_overrides` given here are merged over the file's (or the default's),
-        key by key, so `--grpo-set optim.learning_rate=...` keeps the file's tools config."""
-        from toolserver.config import find_config, from_dict, load_yaml
+        key by key, so `--grpo-set optim.learning_rate=...` keeps the file's tools config. A file
+        with `extends: <name or path>` is that config with the file's fields over it: the two
+        override maps merged key by key, every other field replaced whole. Refuses a cycle."""
+        from toolserver.config import from_dict
 
-        data = load_yaml(find_config(name_or_path, "pipeline"))
+        data = _read_pipeline_yaml(name_or_path)
         for key in ("sft_overrides", "grpo_overrides"):
             if overrides.get(key) is not None:
                 base = data[key] if data.get(key) is not None else cls.__dataclass_fields__[key].default_factory()
@@ -97,6 +99,25 @@ class PipelineConfig:
         from canvasagent.training.sources import get_source
 
         return tuple(getattr(get_source(self.data), "parts", (self.data,)))
+
+
+def _read_pipeline_yaml(name_or_path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A configs/pipeline/ YAML as a dict, with its `extends` chain resolved (see `PipelineConfig.load`)."""
+    from toolserver.config import find_config, load_yaml
+
+    path = find_config(name_or_path, "pipeline").resolve()
+    if path in seen:
+        raise ValueError(f"pipeline config {path} extends itself: {' -> '.join(str(p) for p in (*seen, path))}")
+    data = load_yaml(path)
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    out = _read_pipeline_yaml(base, (*seen, path))
+    for key in ("sft_overrides", "grpo_overrides"):
+        if data.get(key) is not None and out.get(key) is not None:
+            data[key] = {**out[key], **data[key]}
+    out.update(data)
+    return out
 
 
 def offline_tools() -> list[str]:

@@ -143,3 +143,17 @@ def test_evaluation_is_scored_by_eval_preset_while_grpo_trains_on_its_own(tmp_pa
     cfg.eval_preset = None
     Pipeline(cfg)._evaluate(tmp_path / "ckpt", "eval_sft")
     assert seen == ["rewards:paper", "rewards:paper-try-chains"]
+
+
+def test_a_config_extends_another_and_a_cycle_is_refused(tmp_path):
+    """`extends`: the base's fields, the file's over them; override maps merge key by key."""
+    base = PipelineConfig.load("testbed_more_chains")
+    variant = PipelineConfig.load("testbed_try_chains")
+    assert variant.grpo_overrides == {**base.grpo_overrides, "grpo.reward_preset": "paper-try-chains"}
+    assert variant.sft_overrides == base.sft_overrides and variant.cc_mix == base.cc_mix and variant.cc_rl_n == 128
+    assert PipelineConfig.load("testbed").cc_rl_n == 64 and PipelineConfig.load("testbed").cc_mix["offline"] == 0.1
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(yaml.safe_dump({"extends": str(b), "seed": 1}))
+    b.write_text(yaml.safe_dump({"extends": str(a)}))
+    with pytest.raises(ValueError, match="extends itself"):
+        PipelineConfig.load(a)
