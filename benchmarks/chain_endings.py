@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         toolbox.close()
     n = len(rows.get("reference", {}).get("hybrid", []))
     lines = [f"# Chain endings: what the reward pays ({args.config})", "",
-             f"`python benchmarks/chain_endings.py --config {args.config}`: {n} held-out tasks with a reference solution "
+             f"`python benchmarks/chain_endings.py --config {args.config}{f' --preset {args.preset}' if args.preset else ''}`: "
+             f"{n} held-out tasks with a reference solution "
              f"of two or more calls, scored with preset `{preset}`, judge `{judge}`.", "",
              "| ending | hybrid | rule | align | traj | aes | success |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {name} | " + " | ".join(f"{mean(r[k]):.3f}" for k in KEYS) + " |" for name, r in rows.items()]
