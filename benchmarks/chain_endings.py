@@ -32,7 +32,7 @@ from canvasagent.pipeline import Pipeline, PipelineConfig  # noqa: E402
 from canvasagent.training.common import workspace  # noqa: E402
 from canvasagent.training.rewarding import make_scorer  # noqa: E402
 
-KEYS = ("hybrid", "rule", "align", "traj", "aes", "align/passed")
+KEYS = ("hybrid", "rule", "align", "traj", "traj/flow", "aes", "align/passed")
 
 
 def on_the_input(call: dict, first: dict) -> dict:
@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                 scores = scorer(traj)
                 acc = rows.setdefault(name, {k: [] for k in KEYS})
                 for k in KEYS:
-                    acc[k].append(float(scores.get(k, 0.0)))
+                    if k in scores or k != "traj/flow":  # flow exists only where a call can be compared
+                        acc[k].append(float(scores.get(k, 0.0)))
     finally:
         toolbox.close()
     n = len(rows.get("reference", {}).get("hybrid", []))
@@ -91,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
              f"`python benchmarks/chain_endings.py --config {args.config}{f' --preset {args.preset}' if args.preset else ''}`: "
              f"{n} held-out tasks with a reference solution "
              f"of two or more calls, scored with preset `{preset}`, judge `{judge}`.", "",
-             "| ending | hybrid | rule | align | traj | aes | success |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {name} | " + " | ".join(f"{mean(r[k]):.3f}" for k in KEYS) + " |" for name, r in rows.items()]
+             "| ending | hybrid | rule | align | traj | traj flow | aes | success |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {name} | " + " | ".join(f"{mean(r[k]):.3f}" if r[k] else "–" for k in KEYS) + " |" for name, r in rows.items()]
     if n:
         stop, fail = mean(rows["first call only"]["hybrid"]), mean(rows["second call fails"]["hybrid"])
         lines += ["", f"stopping after the first call minus a failed second call: {stop - fail:+.3f} hybrid "

@@ -183,6 +183,7 @@ class TrajectoryWeights:
     choice: float = 0.5  # expected tools that ran successfully
     order: float = 0.3  # dependency rules satisfied (Grounding→SAM→Extract, generation first, ...)
     relevance: float = 0.2  # calls that belong to the expected set
+    flow: float = 0.0  # asset arguments that match the reference solution's data flow
 
 
 @dataclass

@@ -138,6 +138,7 @@ class TrajectoryView:
             h.update(b"P" if self.trajectory.plumbing_only else b"R")
         if aspect == "trajectory":
             h.update(json.dumps(self.expected_tools).encode())
+            h.update(json.dumps(self.trajectory.task.meta.get("reference_calls"), sort_keys=True, default=str).encode())
             h.update(json.dumps([c.to_dict() for c in self.calls], sort_keys=True, default=str).encode())
             h.update(self.trajectory.stop_reason.encode())
             h.update(self.transcript().encode("utf-8", "replace"))

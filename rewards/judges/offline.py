@@ -13,7 +13,13 @@
     only an earlier call can meet (SAM's box, Extract's mask, an object overlay's RGBA unless
     the content is an RGBA input) is satisfied when an earlier successful call produced that
     kind; with no input image, the first call must be one that needs no image and makes one;
-  - *relevance*: the fraction of calls whose tool is in the expected set.
+  - *relevance*: the fraction of calls whose tool is in the expected set;
+  - *flow*: when the task carries its reference solution (`meta["reference_calls"]`), the
+    fraction of the reference's asset arguments that the matching successful call (same tool,
+    same occurrence) passed the same asset ID; a reference call that never ran matches none. It
+    sees a chain step applied to the input instead of the previous step's output, which tool
+    names and order cannot. It follows the reference's data flow, so a valid alternative flow
+    scores lower; its weight is 0 in `paper`, where it is reported only.
   Terms that do not apply (no expected set, no dependency rule triggered) drop out of the
   weighted mean; with none left, the score is 1 if any call succeeded, else 0.
 """
@@ -39,6 +45,37 @@ def _task_supplies(need: Need, value: Any, assets: Any, inputs: set[str]) -> boo
     if need.kind in INSTRUCTION_KINDS:
         return True
     return isinstance(value, str) and value in inputs and assets.get(value).kind is need.kind
+
+
+def _is_asset_id(value: Any, inputs: set[str]) -> bool:
+    """An input ID, or an output ID `{Tool}_{k}` of a registry tool."""
+    if not isinstance(value, str):
+        return False
+    tool, _, k = value.rpartition("_")
+    return value in inputs or (tool in REGISTRY and k.isdigit())
+
+
+def data_flow(calls: list[Any], reference: list[dict[str, Any]], inputs: set[str]) -> tuple[int, int]:
+    """(matched, compared): the asset arguments of every reference call, and how many of them
+    the successful call of the same tool and occurrence in `calls` passed the same ID (a
+    reference call that never ran matches none: stopping early reproduces less of the flow)."""
+    done: dict[str, list[dict[str, Any]]] = {}
+    for c in calls:
+        if c.status == "ok":
+            done.setdefault(c.tool, []).append(c.arguments if isinstance(c.arguments, dict) else {})
+    seen: dict[str, int] = {}
+    matched = compared = 0
+    for ref in reference:
+        name, args = ref.get("name"), ref.get("arguments")
+        if not isinstance(name, str) or not isinstance(args, dict):
+            continue
+        k = seen[name] = seen.get(name, -1) + 1
+        ran = done.get(name, [])
+        for key, value in args.items():
+            if _is_asset_id(value, inputs):
+                compared += 1
+                matched += k < len(ran) and ran[k].get(key) == value
+    return matched, compared
 
 
 def score_process(view: TrajectoryView, weights: Any) -> tuple[float, dict[str, float], str]:
@@ -78,9 +115,16 @@ def score_process(view: TrajectoryView, weights: Any) -> tuple[float, dict[str, 
             produced.update(spec.produces)
     if applicable:  # a vacuous rule set earns nothing: the term drops out instead of scoring 1
         terms["order"] = satisfied / applicable
+    reference = traj.task.meta.get("reference_calls")
+    if isinstance(reference, list):
+        matched, compared = data_flow(calls, reference, inputs)
+        if compared:  # reported always; scored only where the preset weighs it
+            details["flow"] = matched / compared
+            if getattr(weights, "flow", 0.0) > 0:
+                terms["flow"] = details["flow"]
     if not terms:
         ok = bool(ok_tools)
-        return float(ok), {}, "no_applicable_terms"
+        return float(ok), details, "no_applicable_terms"
 
     wsum = sum(getattr(weights, k) for k in terms)
     score = sum(getattr(weights, k) * v for k, v in terms.items()) / wsum if wsum > 0 else 0.0

@@ -255,3 +255,32 @@ def test_order_flags_a_need_no_earlier_call_produced():
     assert "order" not in supplied.details
     text = R("caption", "Overlayer", {"base_image": "img_1", "overlay_type": "text", "content": "SALE"})
     assert "order" not in traj_score(run([text, DONE])).details  # the instruction states the caption
+
+
+def test_flow_sees_a_chain_step_applied_to_the_input():
+    """Rotate then Flip of the rotated image, against Flip of the input: tool names and order are
+    the same, the data flow is not. `flow` reports that in every preset and is scored only where
+    it has a weight; without a reference solution it does not apply."""
+    rotate = R("turn", "Rotate", {"image": "img_1", "angle": 90})
+    reference = [{"name": "Rotate", "arguments": {"image": "img_1", "angle": 90}},
+                 {"name": "Flip", "arguments": {"image": "Rotate_0"}}]
+    meta = {"reference_calls": reference}
+    right = run([rotate, R("flip", "Flip", {"image": "Rotate_0"}), DONE],
+                expected=["Rotate", "Flip"], meta=meta)
+    wrong = run([rotate, R("flip", "Flip", {"image": "img_1"}), DONE],
+                expected=["Rotate", "Flip"], meta=meta)
+    stopped = run([rotate, DONE], expected=["Rotate", "Flip"], meta=meta)
+    paper = OfflineJudgeConfig()
+    assert traj_score(right).details["flow"] == 1.0
+    assert traj_score(wrong).details["flow"] == pytest.approx(0.5)
+    assert traj_score(stopped).details["flow"] == pytest.approx(0.5)  # the Flip's edge is not reproduced
+    assert traj_score(wrong).score == traj_score(right).score == 1.0  # weight 0: paper's score is unchanged
+    weighted = OfflineJudgeConfig()
+    weighted.trajectory.flow = 1.0
+    judge = OfflineJudge(weighted)
+    score = lambda t: judge.judge("trajectory", TrajectoryView.of(t)).score
+    assert score(right) == 1.0
+    assert score(wrong) == pytest.approx((0.5 * 1 + 0.2 * 1 + 1.0 * 0.5) / 1.7)  # choice, relevance, flow
+    assert score(stopped) < score(wrong) < score(right)
+    assert "flow" not in traj_score(run([rotate, DONE], expected=["Rotate"])).details
+    assert paper.trajectory.flow == 0.0

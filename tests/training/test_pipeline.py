@@ -151,6 +151,9 @@ def test_a_config_extends_another_and_a_cycle_is_refused(tmp_path):
     variant = PipelineConfig.load("testbed_try_chains")
     assert variant.grpo_overrides == {**base.grpo_overrides, "grpo.reward_preset": "paper-try-chains"}
     assert variant.sft_overrides == base.sft_overrides and variant.cc_mix == base.cc_mix and variant.cc_rl_n == 128
+    flow = PipelineConfig.load("testbed_try_chains_flow")  # two levels of extends
+    assert flow.grpo_overrides == {**base.grpo_overrides, "grpo.reward_preset": "paper-try-chains-flow"}
+    assert flow.eval_preset == "paper" and flow.cc_mix == base.cc_mix
     assert PipelineConfig.load("testbed").cc_rl_n == 64 and PipelineConfig.load("testbed").cc_mix["offline"] == 0.1
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text(yaml.safe_dump({"extends": str(b), "seed": 1}))
