@@ -1,0 +1,132 @@
+"""How a trained policy ends held-out chains: the saved evaluation episodes, sorted into endings.
+
+    python benchmarks/chain_behaviour.py RUN [RUN ...] [--stages eval_sft eval_grpo] [--results FILE]
+
+RUN is a pipeline run folder (`canvasagent pipeline --out RUN`, or a seed folder of
+`benchmarks/train_evidence.py`). Every saved episode of a held-out task whose reference solution
+has two or more calls, greedy and sampled, falls into the first ending that applies:
+
+* **no call**: it ended without a successful tool call;
+* **a call failed**: some call was malformed or failed (and the chain was not finished);
+* **stopped early**: some expected tool never ran;
+* **finished, other flow**: every expected tool ran, but some call read a different asset than
+  the reference's call of that tool (e.g. the second step applied to the input image);
+* **finished, reference flow**: every expected tool ran on the assets the reference uses.
+
+The table gives the share of episodes per ending and stage, pooled over the runs, so a change
+from SFT to GRPO reads as a shift between endings (which the mean reward hides). A last line
+says whether GRPO's own groups paid a second call: in the dumped training rollouts, the mean
+hybrid difference between rollouts with two or more successful calls and those with one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+from rewards.judges.offline import data_flow
+
+ENDINGS = ("no call", "a call failed", "stopped early", "finished, other flow", "finished, reference flow")
+
+
+class _Call:
+    """The parts of a saved call that `data_flow` reads."""
+
+    def __init__(self, turn: dict):
+        call = turn.get("call") or {}
+        self.tool, self.arguments, self.status = call.get("name"), call.get("arguments"), turn.get("status")
+
+
+def ending(record: dict) -> str | None:
+    """The ending of one saved episode (`trajectory.json` as a dict); None when its task has no
+    reference solution of two or more calls."""
+    task = record.get("task") or {}
+    reference = (task.get("meta") or {}).get("reference_calls") or []
+    if len(reference) < 2:
+        return None
+    calls = [_Call(t) for t in record.get("turns", []) if t.get("call")]
+    ran = {c.tool for c in calls if c.status == "ok"}
+    expected = set(task.get("expected_tools") or [r.get("name") for r in reference])
+    if not ran:
+        return "no call"
+    finished = expected <= ran
+    if not finished and any(t.get("status") in ("error", "parse_error") for t in record.get("turns", [])):
+        return "a call failed"
+    if not finished:
+        return "stopped early"
+    inputs = {a["id"] for a in record.get("assets", []) if not (a.get("provenance") or {}).get("tool")}
+    matched, compared = data_flow(calls, reference, inputs)
+    return "finished, reference flow" if matched == compared else "finished, other flow"
+
+
+def count(run: Path, stage: str, mode: str) -> Counter:
+    """Endings of the saved episodes of one stage and decoding mode of a run folder."""
+    found: Counter = Counter()
+    for path in sorted((run / stage / mode).rglob("trajectory.json")):
+        e = ending(json.loads(path.read_text(encoding="utf-8")))
+        if e is not None:
+            found[e] += 1
+    return found
+
+
+def table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "eval_grpo")) -> list[str]:
+    """Markdown rows: the share of episodes per ending, per stage and mode, pooled over `runs`."""
+    lines = ["| stage | mode | episodes | " + " | ".join(ENDINGS) + " |", "|---|---|---|" + "---|" * len(ENDINGS)]
+    for stage in stages:
+        for mode in ("greedy", "sampled"):
+            total: Counter = Counter()
+            for run in runs:
+                total.update(count(run, stage, mode))
+            n = sum(total.values())
+            if n:
+                lines.append(f"| {stage} | {mode} | {n} | " + " | ".join(f"{total[e] / n:.3f}" for e in ENDINGS) + " |")
+    return lines
+
+
+def group_preference(runs: list[Path]) -> list[str]:
+    """What GRPO's groups paid for a second call: over the dumped training rollouts
+    (`grpo/trajectories/rollouts.jsonl`), the groups (step, task) holding both a rollout with one
+    successful tool call and one with two or more; the mean hybrid difference (two or more minus
+    one) and how many groups paid the longer rollouts more."""
+    diffs: list[float] = []
+    for run in runs:
+        groups: dict[tuple, list[dict]] = {}
+        path = run / "grpo" / "trajectories" / "rollouts.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            r = json.loads(line)
+            groups.setdefault((r["step"], r["task_id"]), []).append(r)
+        for rs in groups.values():
+            one = [r["scores"]["hybrid"] for r in rs if len(r["tools"]) == 1]
+            more = [r["scores"]["hybrid"] for r in rs if len(r["tools"]) >= 2]
+            if one and more:
+                diffs.append(sum(more) / len(more) - sum(one) / len(one))
+    if not diffs:
+        return ["No dumped GRPO group held both a one-call and a longer rollout."]
+    return [f"GRPO groups with both a one-call and a longer rollout: {len(diffs)}; hybrid of two or more "
+            f"calls minus one call: {sum(diffs) / len(diffs):+.3f} on average, higher in {sum(d > 0 for d in diffs)}."]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--stages", nargs="+", default=["eval_sft", "eval_grpo"])
+    ap.add_argument("--results", default=None, help="also write the table here (markdown)")
+    args = ap.parse_args(argv)
+    missing = [str(r) for r in args.runs if not r.is_dir()]
+    if missing:
+        ap.error(f"not a run folder: {', '.join(missing)}")
+    lines = [f"# How held-out chains end ({', '.join(str(r) for r in args.runs)})", "",
+             "Share of saved evaluation episodes per ending (tasks whose reference has two or more calls).", "",
+             *table(args.runs, tuple(args.stages)), "", *group_preference(args.runs)]
+    text = "\n".join(lines) + "\n"
+    if args.results:
+        Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.results).write_text(text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
