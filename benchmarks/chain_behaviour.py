@@ -16,7 +16,8 @@ has two or more calls, greedy and sampled, falls into the first ending that appl
 The table gives the share of episodes per ending and stage, pooled over the runs, so a change
 from SFT to GRPO reads as a shift between endings (which the mean reward hides). A last line
 says whether GRPO's own groups paid a second call: in the dumped training rollouts, the mean
-hybrid difference between rollouts with two or more successful calls and those with one.
+hybrid difference between rollouts with two or more tool calls (failed ones count) and those
+with one.
 """
 
 from __future__ import annotations
@@ -26,17 +27,10 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from rewards.judges.base import CallSummary
 from rewards.judges.offline import data_flow
 
 ENDINGS = ("no call", "a call failed", "stopped early", "finished, other flow", "finished, reference flow")
-
-
-class _Call:
-    """The parts of a saved call that `data_flow` reads."""
-
-    def __init__(self, turn: dict):
-        call = turn.get("call") or {}
-        self.tool, self.arguments, self.status = call.get("name"), call.get("arguments"), turn.get("status")
 
 
 def ending(record: dict) -> str | None:
@@ -46,7 +40,8 @@ def ending(record: dict) -> str | None:
     reference = (task.get("meta") or {}).get("reference_calls") or []
     if len(reference) < 2:
         return None
-    calls = [_Call(t) for t in record.get("turns", []) if t.get("call")]
+    calls = [CallSummary(t.get("index", i), t["call"].get("name"), t["call"].get("arguments"), t.get("status"),
+                         t.get("output_id"), t.get("error")) for i, t in enumerate(record.get("turns", [])) if t.get("call")]
     ran = {c.tool for c in calls if c.status == "ok"}
     expected = set(task.get("expected_tools") or [r.get("name") for r in reference])
     if not ran:
@@ -87,9 +82,9 @@ def table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "eval_grpo"))
 
 def group_preference(runs: list[Path]) -> list[str]:
     """What GRPO's groups paid for a second call: over the dumped training rollouts
-    (`grpo/trajectories/rollouts.jsonl`), the groups (step, task) holding both a rollout with one
-    successful tool call and one with two or more; the mean hybrid difference (two or more minus
-    one) and how many groups paid the longer rollouts more."""
+    (`grpo/trajectories/rollouts.jsonl`, whose `tools` lists every call made, failed ones too),
+    the groups (step, task) holding both a rollout with one call and one with two or more; the
+    mean hybrid difference (two or more minus one) and how many groups paid the longer more."""
     diffs: list[float] = []
     for run in runs:
         groups: dict[tuple, list[dict]] = {}
