@@ -75,6 +75,9 @@ class OptimSection:
     gradient_checkpointing: bool = False
 
 
+CREDITS = ("sequence", "turn")  # GRPOSection.credit
+
+
 @dataclass
 class GRPOSection:
     num_generations: int = 4
@@ -95,6 +98,9 @@ class GRPOSection:
     # steps in a row (metrics.jsonl marks the step `tool_collapse: 1`; the report lists it).
     tool_collapse_share: float = 0.9
     tool_collapse_steps: int = 3
+    # sequence: GRPO's one advantage per rollout. turn: each model turn against the group's
+    # rollouts that reached that turn (canvasagent/training/turn_credit.py).
+    credit: str = "sequence"
 
 
 @dataclass
@@ -186,6 +192,8 @@ class TrainConfig:
                 raise ValueError("grpo.max_turns must be >= 1")
             if not 0 < g.tool_collapse_share <= 1 or g.tool_collapse_steps < 1:
                 raise ValueError("grpo.tool_collapse_share must be in (0, 1] and grpo.tool_collapse_steps >= 1")
+            if g.credit not in CREDITS:
+                raise ValueError(f"grpo.credit must be one of {CREDITS}, got {g.credit!r}")
 
     def resolve(self, path: str | None) -> Path | None:
         """Config paths are relative to the repository root (configs travel with the code)."""

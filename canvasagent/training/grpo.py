@@ -104,6 +104,7 @@ def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
         callbacks=[RewardCurves(ws.output_dir, collapse=ToolCollapse(cfg.grpo.tool_collapse_share, cfg.grpo.tool_collapse_steps)), CompleteCheckpoints(ws.model_path), _return_freed_heap(), *(callbacks or [])],
         tool_concurrency=ToolConcurrency.from_tools_config(load_tools_config(cfg)),
         image_budget=cfg.image_budget,
+        credit=cfg.grpo.credit,
     )
     return trainer, processor, ws
 

@@ -39,6 +39,12 @@ changes; the tool mask is re-spliced when the loop returns. A tool turn TRL is a
 as overlong evicts nothing. The loss forward scores the final sequence (see the budget module on
 what that means for early turns).
 
+Per-turn credit
+---------------
+With ``credit="turn"`` the scored batch's (B,) advantages are replaced by (B, T) ones
+(``canvasagent.training.turn_credit``): each model turn is judged against the group's rollouts
+that reached that turn. The rewards come from TRL's own ``_calculate_rewards`` of the same batch.
+
 Checked against TRL 1.16.0 only, the newest release on PyPI when this was written, so upgrading is
 no way out. On another version the override's signature is verified: a changed one refuses to
 build, an unchanged one runs with a warning to re-check whether upstream fixed the bug.
@@ -58,6 +64,8 @@ from typing import Any
 from trl import GRPOTrainer
 
 from canvasagent.core.image_budget import apply_image_budget, check_budget
+from canvasagent.training.config import CREDITS
+from canvasagent.training.turn_credit import model_turns, token_advantages, turn_table
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +78,15 @@ _OVERRIDDEN: dict[str, tuple[str, ...]] = {
         "self", "prompts", "prompt_ids", "completion_ids", "completions", "logprobs", "images", "multimodal_fields",
     ),
     "_get_tool_suffix_ids": ("self", "tool_messages"),
+    "_calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
+    "_generate_and_score_completions": ("self", "inputs"),
 }
 # TRL attributes the overrides read (set in GRPOTrainer.__init__; the tool loop's per-batch
 # `_sync_tool_dicts` and `environments` are checked where they are used).
-_USED_ATTRS = ("_tokenizer", "_is_vlm", "use_vllm", "environment_factories")
+_USED_ATTRS = (
+    "_tokenizer", "_is_vlm", "use_vllm", "environment_factories",
+    "reward_weights", "scale_rewards", "num_generations", "multi_objective_aggregation",
+)
 
 VISION_TOKENS: tuple[str, ...] = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
 _CONFIG_IDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
@@ -407,9 +420,13 @@ class CanvasGRPOTrainer(GRPOTrainer):
     """
 
     def __init__(self, *args: Any, tool_concurrency: ToolConcurrency | None = None, image_budget: int | None = None,
-                 **kwargs: Any) -> None:
+                 credit: str = "sequence", **kwargs: Any) -> None:
         check_trl_compat()
         self.image_budget = check_budget(image_budget)
+        if credit not in CREDITS:
+            raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
+        self.credit = credit
+        self._scored_rewards: Any = None
         self._budget_state: _RolloutBudget | None = None
         super().__init__(*args, **kwargs)
         limits = tool_concurrency or ToolConcurrency()
@@ -417,6 +434,8 @@ class CanvasGRPOTrainer(GRPOTrainer):
         missing = [a for a in _USED_ATTRS if not hasattr(self, a)]
         if missing:
             raise RuntimeError(f"GRPOTrainer no longer sets {missing}; re-check canvasagent/training/trl_multimodal.py")
+        if credit == "turn" and self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError("credit: turn needs TRL's multi_objective_aggregation sum_then_normalize")
         self._vision_token_ids = (
             vision_token_ids(self._tokenizer, getattr(self.model, "config", None)) if self._is_vlm else frozenset()
         )
@@ -429,6 +448,31 @@ class CanvasGRPOTrainer(GRPOTrainer):
             log.info("GRPO sampling suppresses the vision placeholder tokens %s", suppress)
         elif self._vision_token_ids:
             log.info("GRPO on vLLM: turns that sample a vision placeholder %s are cut before it", sorted(self._vision_token_ids))
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._scored_rewards = rewards_per_func  # every process's rollouts, in group order
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        if self.credit == "turn" and self.model.training and output.get("tool_mask") is not None:
+            output["advantages"] = self._turn_advantages(output)
+        return output
+
+    def _turn_advantages(self, output: dict[str, Any]) -> Any:
+        import torch
+
+        per_func = self._scored_rewards
+        rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(per_func).all(dim=1)] = torch.nan  # unscorable, as TRL marks them
+        index, n_turns = model_turns(output["completion_mask"], output["tool_mask"])
+        all_turns = self.accelerator.gather(n_turns)
+        table = turn_table(rewards.cpu(), all_turns.cpu(), self.num_generations, self.scale_rewards)
+        local = n_turns.shape[0]
+        start = self.accelerator.process_index * local
+        rows = table[start:start + local].to(output["advantages"].dtype)
+        return token_advantages(index.cpu(), rows).to(output["advantages"].device)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         state = self._budget_state
