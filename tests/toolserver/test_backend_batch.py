@@ -2,9 +2,9 @@
 incompatible requests split into sub-batches and a bad request failing only itself.
 
 Runs on the tiny random-weight Grounding-DINO, SAM and FLUX.2 klein checkpoints (built once for
-the module) through the very code the real models use; the PyTorch Real-ESRGAN path, whose
-packages cannot be installed beside the CPU torch, runs a tiny real network behind stand-ins for
-basicsr / realesrgan. One test serves the tiny Grounding model on Ray Serve with batching on.
+the module) through the very code the real models use; Real-ESRGAN in PyTorch runs a one-block
+RRDBNet read from a BasicSR-style .pth. One test serves the tiny Grounding model on Ray Serve
+with batching on.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from tests.toolserver import realesrgan_stubs
 from toolserver.backends import build_backend
 from toolserver.request import ToolRequest
 
@@ -178,63 +177,34 @@ def test_flux_generation_batch_matches_single_calls(flux, monkeypatch):
 # ---------------------------------------------------------------------- Real-ESRGAN (PyTorch)
 
 
-def _tiny_realesrgan(monkeypatch, tmp_path, **params):
-    """The realesrgan backend on a tiny real x4 network (conv + pixel shuffle, fixed random
-    weights), with stand-ins for torchvision / basicsr / realesrgan. The RealESRGANer stand-in
-    transcribes realesrgan 0.3's `enhance` for a 3-channel uint8 image."""
+def _small_pth(tmp_path: Path) -> Path:
+    """A one-block x4 RRDBNet with fixed random weights, saved as BasicSR saves one."""
     import torch
-    import torch.nn.functional as F
 
-    def tiny_net(**_kw):
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Conv2d(3, 48, 3, padding=1), torch.nn.PixelShuffle(4), torch.nn.Sigmoid())
+    from tests.toolserver.test_sr_torch import basicsr_state, small_net
 
-    class RealESRGANer:
-        def __init__(self, scale, model_path, model, tile, tile_pad, pre_pad, half, device):
-            self.scale, self.tile_size, self.pre_pad, self.half, self.device = scale, tile, pre_pad, half, device
-            self.model = (model.half() if half else model).eval().to(device)
-
-        @torch.no_grad()
-        def enhance(self, img, outscale=None):
-            img = img.astype(np.float32) / 255.0
-            img = img[:, :, ::-1].copy()  # cv2.cvtColor(BGR2RGB)
-            x = torch.from_numpy(np.transpose(img, (2, 0, 1))).float().unsqueeze(0).to(self.device)
-            if self.half:
-                x = x.half()
-            if self.pre_pad:
-                x = F.pad(x, (0, self.pre_pad, 0, self.pre_pad), "reflect")
-            y = self.model(x)  # (tile_process on a one-tile image is the same forward pass)
-            if self.pre_pad:
-                _, _, h, w = y.shape
-                y = y[:, :, 0 : h - self.pre_pad * self.scale, 0 : w - self.pre_pad * self.scale]
-            out = y.data.squeeze().float().cpu().clamp_(0, 1).numpy()
-            out = np.transpose(out[[2, 1, 0], :, :], (1, 2, 0))
-            return (out * 255.0).round().astype(np.uint8), "RGB"
-
-    realesrgan_stubs.install(monkeypatch, tiny_net, RealESRGANer)
-    pth = tmp_path / "RealESRGAN_x4plus.pth"
-    pth.write_bytes(b"weights")
-    return build_backend("realesrgan", {"model_path": str(pth), "device": "cpu", **params})
+    path = tmp_path / "small_x4.pth"
+    torch.save({"params_ema": basicsr_state(small_net())}, path)
+    return path
 
 
-@pytest.mark.parametrize("pre_pad", [0, 3])
-def test_realesrgan_batch_matches_single_calls(monkeypatch, tmp_path, pre_pad):
-    sr = _tiny_realesrgan(monkeypatch, tmp_path, tile=40, pre_pad=pre_pad)
+@pytest.mark.parametrize("tile", [0, 16])
+def test_realesrgan_torch_batch_matches_single_calls(tmp_path, monkeypatch, tile):
+    sr = build_backend("realesrgan-torch", {"model_path": str(_small_pth(tmp_path)), "tile": tile, "device": "cpu"})
     reqs = [
         _req("SR", image=_drawing(24, 16, 0)),
-        _req("SR", image=_drawing(16, 16, 1)),  # another size: another sub-batch
+        _req("SR", image=_drawing(16, 16, 1)),  # another size: another group
         _req("SR", image=_drawing(24, 16, 2, "RGBA")),  # alpha is upscaled apart and re-attached
         _req("SR"),  # no image: fails alone
-        _req("SR", image=_drawing(48, 16, 3)),  # larger than a tile: RealESRGANer tiles it, alone
         _req("SR", image=_drawing(24, 16, 4, "L")),
     ]
     single = [sr(r) for i, r in enumerate(reqs) if i != 3]
     sizes = _count_groups(sr, monkeypatch)
     batch = sr.batch_call(reqs)
-    assert sorted(sizes) == [1, 1, 3]
+    assert sorted(sizes) == [1, 3]
     assert not batch[3].ok and batch[3].error_code == "tool_exception"
     for s, b in zip(single, [r for i, r in enumerate(batch) if i != 3]):
-        assert b.ok and b.text == s.text and b.data == s.data
+        assert b.ok and b.text == s.text and b.data == s.data and b.image.mode == s.image.mode
         _assert_same_image(s.image, b.image, max_diff=1)
 
 

@@ -22,7 +22,6 @@ from canvasagent.core.episode import run_episode
 from canvasagent.core.policies.replay import ReplayPolicy
 from canvasagent.core.protocol import TERMINATE, format_reply
 from canvasagent.core.tasks import Task
-from tests.toolserver import realesrgan_stubs
 from toolserver.backends import BACKEND_FACTORIES, build_backend
 from toolserver.backends._base import PLUMBING_NOTE, TINY_MARKER, BackendUnavailable
 from toolserver.backends.tiny import BUILDERS, ensure_tiny, tiny_dir
@@ -295,11 +294,8 @@ def _toolbox_error(backend: str, params: dict, tool: str = "SR", **args) -> obje
 
 
 def test_unavailable_backends_fail_clearly(tmp_path):
-    res = _toolbox_error("realesrgan", {})
-    assert res.error_code == "backend_unavailable" and "model_path" in res.text
-
-    res = _toolbox_error("realesrgan", {"model_path": str(tmp_path / "missing.pth")})
-    assert res.error_code == "backend_unavailable" and "missing.pth" in res.text and "do not exist" in res.text
+    res = _toolbox_error("realesrgan-torch", {"model_path": str(tmp_path / "missing.pth")})
+    assert res.error_code == "backend_unavailable" and "missing.pth" in res.text and "does not exist" in res.text
 
     res = _toolbox_error("paddleocr", {"text_detection_model_dir": str(tmp_path / "nope")}, tool="OCR")
     assert res.error_code == "backend_unavailable" and ("paddleocr" in res.text.lower())
@@ -312,53 +308,6 @@ def test_unavailable_backends_fail_clearly(tmp_path):
     empty.mkdir()
     res = _toolbox_error("sam", {"model": str(empty), "device": "cpu"}, tool="SAM", bbox=[0.0, 0.0, 500.0, 500.0])
     assert res.error_code == "backend_unavailable" and "does not hold a loadable checkpoint" in res.text
-
-
-def test_realesrgan_torch_without_torchvision_says_so(tmp_path):
-    try:
-        import torchvision  # noqa: F401
-
-        pytest.skip("torchvision is importable here")
-    except Exception:
-        pass
-    pth = tmp_path / "RealESRGAN_x4plus.pth"
-    pth.write_bytes(b"not really weights")
-    res = _toolbox_error("realesrgan", {"model_path": str(pth), "device": "cpu"})
-    assert res.error_code == "backend_unavailable" and "torchvision" in res.text and "realesrgan-ncnn" in res.text
-
-
-def test_realesrgan_torch_path_with_stub_packages(tmp_path, monkeypatch):
-    """The PyTorch backend's own logic (import shim, RealESRGANer arguments, BGR handling) with
-    stand-ins for torchvision/basicsr/realesrgan, which cannot be installed beside the CPU torch."""
-    import sys
-
-    seen: dict = {}
-
-    class RRDBNet:
-        def __init__(self, **kw):
-            seen["net"] = kw
-
-    class RealESRGANer:
-        def __init__(self, **kw):
-            seen["upsampler"] = kw
-
-        def enhance(self, bgr, outscale):
-            seen["first_pixel_bgr"] = bgr[0, 0].tolist()
-            return np.repeat(np.repeat(bgr, outscale, axis=0), outscale, axis=1), "RGB"
-
-    realesrgan_stubs.install(monkeypatch, RRDBNet, RealESRGANer)
-
-    pth = tmp_path / "RealESRGAN_x4plus.pth"
-    pth.write_bytes(b"weights")
-    backend = build_backend("realesrgan", {"model_path": str(pth), "tile": 256, "device": "cpu"})
-    res = _call(backend, "SR", image=Image.new("RGB", (8, 6), (200, 10, 30)))
-    assert res.ok and res.image.size == (32, 24) and res.image.getpixel((0, 0)) == (200, 10, 30)
-    assert seen["first_pixel_bgr"] == [30, 10, 200]  # RealESRGANer gets OpenCV's channel order
-    assert seen["net"] == {"num_in_ch": 3, "num_out_ch": 3, "num_feat": 64, "num_block": 23, "num_grow_ch": 32, "scale": 4}
-    up = seen["upsampler"]
-    assert up["model_path"] == str(pth) and up["tile"] == 256 and up["half"] is False and str(up["device"]) == "cpu"
-    # basicsr's old import path resolves to the private module the shim aliases
-    assert sys.modules["torchvision.transforms.functional_tensor"] is sys.modules["torchvision.transforms._functional_tensor"]
 
 
 def test_segment_anything_path_with_stub_package(tmp_path, monkeypatch):

@@ -137,16 +137,16 @@ def test_sr_output_over_the_limit_is_refused_before_it_runs():
     assert refusal is not None and refusal.error_code == "output_too_large"
 
 
-@pytest.mark.parametrize("factory", ["realesrgan_ncnn", "realesrgan_torch"])
+@pytest.mark.parametrize("factory", ["realesrgan-ncnn", "realesrgan-torch"])
 def test_untiled_sr_refuses_inputs_over_its_pixel_bound_before_loading(factory):
-    from toolserver.backends import sr
+    from toolserver.backends import build_backend, sr
 
-    backend = getattr(sr, factory)(tile=0, max_untiled_pixels=64 * 64)
+    backend = build_backend(factory, {"tile": 0, "max_untiled_pixels": 64 * 64})
     with pytest.raises(ToolError) as e:
         backend(ToolRequest("SR", {"image": "img_1"}, {"image": Image.new("RGB", (65, 64))}))
     assert e.value.code == "input_too_large"
     assert not backend._model.loaded  # refused before any weights were touched
-    tiled = getattr(sr, factory)(tile=64, max_untiled_pixels=64 * 64)
+    tiled = build_backend(factory, {"tile": 64, "max_untiled_pixels": 64 * 64})
     assert sr.check_untiled_input(Image.new("RGB", (500, 500)), tiled.params.tile, 64 * 64, "x") is None
 
 

