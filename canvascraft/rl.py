@@ -28,8 +28,6 @@ from rewards.checks import CheckContext, run_check
 from toolserver.registry import REGISTRY, Backend, OutputKind
 from toolserver.registry import tools as registry_tools
 
-LEVELS = ("easy", "medium", "hard")
-
 # Conditions a step can be made to depend on. `True` marks a condition on an intermediate
 # result (what Grounding found, what OCR read, the size after a step): state dependency.
 CONDITIONS: dict[str, tuple[str, bool]] = {

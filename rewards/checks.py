@@ -198,12 +198,8 @@ def _asset_image(ctx: CheckContext, asset_id: Any) -> Image.Image:
     return ctx.store.get(asset_id).image
 
 
-def _rgb_array(img: Image.Image, size: int) -> np.ndarray:
-    return rgb_float(img, size)
-
-
 def similarity(a: Image.Image, b: Image.Image, metric: str = "ssim", size: int = 128) -> float:
-    x, y = _rgb_array(a, size), _rgb_array(b, size)
+    x, y = rgb_float(a, size), rgb_float(b, size)
     if metric == "ssim":
         return float(max(0.0, structural_similarity(x, y, channel_axis=2, data_range=1.0)))
     if metric == "psnr":
@@ -524,7 +520,7 @@ def _grounding_finds(ctx: CheckContext, check: dict[str, Any], final: Image.Imag
 
 def _differs_from(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
     ref = _asset_image(ctx, check.get("of", "img_1"))
-    change = float(np.abs(_rgb_array(final, 128) - _rgb_array(ref, 128)).mean())
+    change = float(np.abs(rgb_float(final, 128) - rgb_float(ref, 128)).mean())
     need = float(check.get("min_change", 0.02))
     return CheckResult("differs_from", min(1.0, change / need) if need > 0 else 1.0, f"mean change {change:.3f}", passed=change >= need)
 

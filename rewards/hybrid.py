@@ -47,7 +47,6 @@ def canonical_scores(scores: dict[str, Any]) -> dict[str, Any]:
         if legacy is not None:
             out[HYBRID] = legacy
     return out
-_ASPECT_OF = {v: k for k, v in COMPONENT_OF.items()}
 
 
 def _finite(x: float, default: float = 0.0) -> float:

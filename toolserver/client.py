@@ -336,11 +336,6 @@ class HttpToolbox:
 
         return _with_retries(self.retry, attempt, tool)
 
-    def list_tools(self) -> list[dict[str, Any]]:
-        r = self.client.get("/v1/tools")
-        r.raise_for_status()
-        return r.json()["tools"]
-
     def close(self) -> None:
         self.client.close()
 

@@ -352,12 +352,8 @@ _EASEL_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec("submit", "Submits the canvas as final.", (), OutputKind.NONE, Backend.STATEFUL, family="easel"),
 )
 
-# EASEL's semantic tasks fix the stroke appearance, so the policy predicts only the path.
-BRUSH_PATH_PARAMS: tuple[str, ...] = ("xs", "ys", "xc", "yc", "xe", "ye")
-BRUSH_PARAMS: tuple[str, ...] = tuple(a.name for a in _EASEL_TOOLS[0].args)
 
 REGISTRY: dict[str, ToolSpec] = {t.name: t for t in (*_CANVASAGENT_TOOLS, *_EASEL_TOOLS)}
-FAMILIES: tuple[str, ...] = ("canvasagent", "easel")
 
 
 # What an instruction can state as a value (a region to crop, a caption to draw), so a need of

@@ -192,9 +192,6 @@ class ServeConfig:
                 out.setdefault(name, ([], tcfg))[0].append(spec.name)
         return out
 
-    def deployed(self) -> list[str]:
-        return [t.name for t in servable_tools(self.family) if self.mode(t.name) is Mode.DEPLOYMENT]
-
     def timeout_s(self, tool: str) -> float:
         t = self.tools[tool].timeout_s
         return float(t if t is not None else self.default_timeout_s)

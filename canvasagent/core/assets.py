@@ -13,6 +13,7 @@ from typing import Iterator
 
 from PIL import Image
 
+from toolserver.limits import image_kind
 from toolserver.registry import OutputKind
 
 
@@ -45,15 +46,6 @@ class Provenance:
         return cls(d.get("turn"), d.get("tool"), d.get("arguments"), tuple(d.get("inputs") or ()))
 
 
-def kind_of(image: Image.Image) -> OutputKind:
-    """Asset kind of an image given by a user: alpha means cut-out, single channel means mask."""
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        return OutputKind.RGBA
-    if image.mode in ("L", "1"):
-        return OutputKind.MASK
-    return OutputKind.IMAGE
-
-
 @dataclass
 class Asset:
     id: str
@@ -81,7 +73,7 @@ class AssetStore:
         aid = asset_id or f"img_{self._n_inputs}"
         if aid in self._assets:
             raise ValueError(f"duplicate input ID {aid!r}")
-        asset = Asset(aid, kind_of(image), image, Provenance())
+        asset = Asset(aid, image_kind(image), image, Provenance())
         self._assets[aid] = asset
         return asset
 

@@ -141,9 +141,6 @@ class CanvasSession:
             p = render.expand_fixed(p)
         return self.call("brush_stroke", render.params_to_dict(p), _params13=p)
 
-    def undo(self) -> StepResult:
-        return self.call("undo", {})
-
     def submit(self) -> StepResult:
         return self.call("submit", {})
 

@@ -88,15 +88,6 @@ def path_to_int1000(args: dict) -> dict:
     return {k: (int(round(v * 1000)) if k in COORD_KEYS else v) for k, v in args.items()}
 
 
-def dequantise(args: dict) -> np.ndarray:
-    """Inverse of :func:`quantised_arguments` (validated 13-vector)."""
-    a = dict(args)
-    for k in COORD_KEYS:
-        if k in a:
-            a[k] = float(a[k]) / 1000.0
-    return render.params_from_dict(a)
-
-
 def _colour_word(rgb: Sequence[float]) -> str:
     r, g, b = (int(round(v * 255)) for v in rgb)
     return f"#{r:02x}{g:02x}{b:02x}"

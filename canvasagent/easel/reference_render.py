@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .render import N_PARAMS, R_MAX_FRAC, R_MIN_PX
+from .render import R_MAX_FRAC, R_MIN_PX
 
 
 def _disc_union_alpha(p: np.ndarray, h: int, w: int, scale: int, ts: np.ndarray,
@@ -80,17 +80,6 @@ def supersampled_alpha(params: Sequence[float], h: int, w: int | None = None, ss
 def composite_np(canvas: np.ndarray, alpha: np.ndarray, color: Sequence[float]) -> np.ndarray:
     a = alpha[..., None]
     return (canvas * (1 - a) + np.asarray(color, dtype=np.float32)[None, None] * a).astype(np.float32)
-
-
-def reference_render(strokes: np.ndarray, h: int, w: int | None = None, canvas: np.ndarray | None = None,
-                     supersample: bool = False) -> np.ndarray:
-    """Composite strokes in order with the reference (or supersampled) alpha."""
-    w = w or h
-    out = np.ones((h, w, 3), np.float32) if canvas is None else canvas.astype(np.float32).copy()
-    fn = supersampled_alpha if supersample else reference_alpha
-    for p in np.asarray(strokes, dtype=np.float64).reshape(-1, N_PARAMS):
-        out = composite_np(out, fn(p, h, w), p[10:13])
-    return out
 
 
 def dense_alpha(params: Sequence[float], h: int, n_t: int = 4097) -> np.ndarray:

@@ -62,8 +62,6 @@ class Geometry:
     Fields are Python floats.
     """
 
-    FIELDS = ("ax", "ay", "cx", "cy", "r0", "dr")
-
     def take(self, sel) -> "Geometry":
         return self  # scalars: the same for every compacted pixel
 

@@ -32,7 +32,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import cv2
 import numpy as np
@@ -261,19 +261,6 @@ def reference_task(ref: np.ndarray, budget: int | None = None, task_id: str = "c
 # ---------------------------------------------------------------------------
 # semantic tasks
 # ---------------------------------------------------------------------------
-
-class SemanticTask(Protocol):
-    name: str
-    instruction: str
-    budget: int
-    resolution: int
-
-    def initial_canvas(self) -> np.ndarray: ...
-
-    def check_stroke(self, params13: np.ndarray, canvas: np.ndarray) -> str | None: ...
-
-    def score(self, canvas: np.ndarray) -> float: ...
-
 
 def ink_mask(canvas: np.ndarray, initial: np.ndarray, thresh: float = 0.15) -> np.ndarray:
     """Pixels changed by painting (max channel difference above ``thresh``)."""

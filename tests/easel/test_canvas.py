@@ -3,7 +3,7 @@ import numpy as np
 
 from canvasagent.easel import render, tasks
 from canvasagent.easel.canvas import CanvasSession
-from toolserver.registry import BRUSH_PARAMS, tool_names
+from toolserver.registry import get_tool, tool_names
 
 
 def _args(p):
@@ -53,7 +53,7 @@ def test_fixed_appearance_and_maze_rejection():
 
 def test_registry_names_consistent():
     assert set(CanvasSession(render.blank_canvas(8), budget=1).handlers()) == set(tool_names("easel"))
-    assert tuple(BRUSH_PARAMS) == render.PARAM_NAMES
+    assert tuple(a.name for a in get_tool("brush_stroke").args) == render.PARAM_NAMES
 
 
 def test_one_task_factory_for_specs():

@@ -53,7 +53,7 @@ def test_data_builder(tmp_path):
     assert msg.startswith("<reason>") and "<tool_call>" in msg and msg.endswith("</tool_call>")
     call = json.loads(msg.split("<tool_call>")[1].split("</tool_call>")[0])
     assert call["name"] == "brush_stroke" and isinstance(call["arguments"]["xs"], int)
-    assert np.allclose(data.dequantise(call["arguments"]), strokes[3], atol=1e-3)
+    assert np.allclose(render.params_from_dict(data.path_to_unit(call["arguments"])), strokes[3], atol=1e-3)
     # the state image is the replay of the first 3 strokes
     img = np.asarray(Image.open(tmp_path / rec["images"][1]), np.float32) / 255
     assert np.abs(img - render.render_strokes(strokes[:3], 64)).max() < 1 / 255 + 1e-6

@@ -48,8 +48,6 @@ def test_shipped_configs_cover_the_registry_and_round_trip():
         cfg = ServeConfig.load(name)
         assert list(cfg.manifest()) == [t.name for t in servable_tools()]
         assert ServeConfig.from_dict(cfg.to_dict()) == cfg
-        served = [t for tools, _ in cfg.deployments().values() for t in tools]
-        assert sorted(served) == sorted(cfg.deployed())
 
 
 def test_paper_config_dry_run_places_every_model_tool():

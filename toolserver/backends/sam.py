@@ -243,9 +243,7 @@ class SegmentAnythingBackend:
     def segment(self, image: Image.Image, bbox: list[float]) -> tuple[np.ndarray, float, list[float]]:
         predictor = self._predictor.get()
         rgb = to_rgb(image)
-        box_px = bbox_to_pixels(bbox, rgb.width, rgb.height)
-        if box_px[2] - box_px[0] < 1 or box_px[3] - box_px[1] < 1:
-            raise ToolError("empty_bbox", f"bbox {bbox} covers no pixels of the {rgb.width}x{rgb.height} image")
+        box_px = _checked_box(bbox, rgb)
         with self._lock:
             predictor.set_image(np.asarray(rgb), image_format="RGB")
             masks, scores, _ = predictor.predict(box=np.asarray(box_px), multimask_output=self.params.multimask)
@@ -253,15 +251,7 @@ class SegmentAnythingBackend:
         return np.asarray(masks[best], dtype=bool), float(scores[best]), box_px
 
     def __call__(self, request: ToolRequest) -> ToolResult:
-        mask, score, box_px = self.segment(request.images["image"], list(request.args["bbox"]))
-        return ToolResult(
-            ok=True,
-            text=sam_text(mask, score, box_px),
-            kind=OutputKind.MASK,
-            image=Image.fromarray(mask.astype(np.uint8) * 255),
-            data={"score": round(score, 4), "mask_area": int(mask.sum()), "bbox_pixels": [round(v, 1) for v in box_px]},
-            backend=self.name,
-        )
+        return _mask_result(*self.segment(request.images["image"], list(request.args["bbox"])), self.name)
 
 
 def segment_anything(**params: Any) -> SegmentAnythingBackend:

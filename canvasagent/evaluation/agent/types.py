@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-ANSWERS = ("yes", "no", "partly")
-
 
 @dataclass
 class Plan:
