@@ -81,12 +81,6 @@ def split_mode(image: Image.Image) -> tuple[Image.Image, Callable[[Image.Image],
     return (rgba or image).convert("RGB"), restore
 
 
-def upscale_keeping_mode(image: Image.Image, upscale_rgb: Callable[[Image.Image], Image.Image]) -> Image.Image:
-    """Run `upscale_rgb` on the colour channels and restore the input's mode (alpha, greyscale)."""
-    rgb, restore = split_mode(image)
-    return restore(upscale_rgb(rgb))
-
-
 def sr_result(src: Image.Image, out: Image.Image, backend: str) -> ToolResult:
     return ToolResult(
         ok=True,
@@ -285,10 +279,16 @@ class TiledSrBackend:
     def loaded(self) -> bool:
         return self._model.loaded
 
-    def __call__(self, request: ToolRequest) -> ToolResult:
+    def _prepare(self, request: ToolRequest) -> tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]:
+        """(source, its RGB for the model, the function restoring the source's mode), after the
+        untiled size check: what one call and each member of a batch start from."""
         src = request.images["image"]
         check_untiled_input(src, self.params.tile, self.params.max_untiled_pixels, self.name)
-        return sr_result(src, upscale_keeping_mode(src, self.upscale_rgb), self.name)
+        return (src, *split_mode(src))
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        src, rgb, restore = self._prepare(request)
+        return sr_result(src, restore(self.upscale_rgb(rgb)), self.name)
 
     # No batch_call here: one call is one image's pass (tiled) under the lock, so a batch would
     # run its images one after the other; a subclass adds one where a real batch exists.

@@ -43,7 +43,7 @@ from toolserver.backends._base import (
     resolve_device,
     run_batched,
 )
-from toolserver.backends.sr import SCALE, TiledSrBackend, check_untiled_input, split_mode, sr_result, tile_count
+from toolserver.backends.sr import SCALE, TiledSrBackend, sr_result, tile_count
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
 
@@ -584,11 +584,6 @@ class TorchRealEsrgan(TiledSrBackend):
 
     def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
         return Image.fromarray(self._upscale(np.asarray(rgb.convert("RGB"))))
-
-    def _prepare(self, request: ToolRequest) -> tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]:
-        src = request.images["image"]
-        check_untiled_input(src, self.params.tile, self.params.max_untiled_pixels, self.name)
-        return (src, *split_mode(src))
 
     def _run_group(self, group: list[tuple[Image.Image, Image.Image, Callable[[Image.Image], Image.Image]]]) -> list[ToolResult]:
         outs = self._upscale(np.stack([np.asarray(rgb) for _, rgb, _ in group]))
