@@ -62,19 +62,6 @@ from toolserver.results import ToolResult
 
 log = logging.getLogger(__name__)
 
-CHECK_TYPES = (
-    "reference_similarity",
-    "ocr_contains",
-    "answer_contains",
-    "easel_reconstruction",
-    "size_relation",
-    "orientation",
-    "asset_kind",
-    "grounding_finds",
-    "differs_from",
-)
-
-
 @dataclass
 class CheckResult:
     type: str
@@ -536,6 +523,7 @@ EVALUATORS: dict[str, Callable[[CheckContext, dict[str, Any], Image.Image], Chec
     "grounding_finds": _grounding_finds,
     "differs_from": _differs_from,
 }
+CHECK_TYPES = tuple(EVALUATORS)
 # Checks of what the trajectory answered rather than of its final image.
 _NO_IMAGE_NEEDED = frozenset({"answer_contains", "easel_reconstruction"})
 
