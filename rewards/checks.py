@@ -39,7 +39,6 @@ Rules every check obeys:
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import logging
 import re
@@ -56,6 +55,7 @@ from skimage.metrics import structural_similarity
 from canvasagent.core.assets import Asset, AssetStore
 from canvasagent.core.imageio import ImageLoadError, images_match, resolve_path, rgb_float
 from canvasagent.core.trajectory import Trajectory
+from rewards.judges.base import image_digest
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -129,12 +129,6 @@ class _ToolAnswers:
         self._by_toolbox: "weakref.WeakKeyDictionary[Any, OrderedDict[tuple, ToolResult]]" = weakref.WeakKeyDictionary()
         self._size = size
 
-    @staticmethod
-    def _digest(image: Image.Image) -> bytes:
-        h = hashlib.blake2b(f"{image.mode}{image.size}".encode(), digest_size=16)
-        h.update(image.tobytes())
-        return h.digest()
-
     def _table(self, toolbox: Any) -> "OrderedDict[tuple, ToolResult] | None":
         try:
             return self._by_toolbox.setdefault(toolbox, OrderedDict())
@@ -142,7 +136,7 @@ class _ToolAnswers:
             return None
 
     def get(self, toolbox: Any, tool: str, args: dict[str, Any], image: Image.Image) -> ToolResult:
-        key = (tool, json.dumps(args, sort_keys=True, default=str), self._digest(image))
+        key = (tool, json.dumps(args, sort_keys=True, default=str), image_digest(image))
         with self._lock:
             table = self._table(toolbox)
             hit = table.get(key) if table is not None else None
