@@ -310,10 +310,8 @@ def _near_repeat(a: CallScore, b: CallScore, tol: float) -> bool:
     return True
 
 
-def _expected_budget(expected: list[str], weighted: bool) -> float:
-    if not weighted:
-        return float(len(expected))
-    return sum(REGISTRY[t].cost if t in REGISTRY else 1.0 for t in expected)
+def _cost(tool: str, weighted: bool) -> float:
+    return (REGISTRY[tool].cost if tool in REGISTRY else 1.0) if weighted else 1.0
 
 
 def score_rule(traj: Trajectory, cfg: RuleConfig | None = None) -> RuleBreakdown:
@@ -407,14 +405,11 @@ def _score_rule(traj: Trajectory, cfg: RuleConfig) -> RuleBreakdown:
     repeat_amount = exact + pc.repeat.near_weight * near
 
     expected = [t for t in traj.task.expected_tools if isinstance(t, str)]
-    if expected:
-        budget: float | None = _expected_budget(expected, pc.cost.weighted)
-    else:
-        budget = pc.cost.default_budget
+    budget: float | None = sum(_cost(t, pc.cost.weighted) for t in expected) if expected else pc.cost.default_budget
     if budget is None:
         cost_amount = 0.0
     else:
-        spent = sum((REGISTRY[c.tool].cost if c.tool in REGISTRY else 1.0) if pc.cost.weighted else 1.0 for c in calls)
+        spent = sum(_cost(c.tool, pc.cost.weighted) for c in calls)
         cost_amount = max(0.0, spent - budget - pc.cost.grace)
 
     if expected:
