@@ -60,9 +60,6 @@ class PenaltyTerm:
 class ErrorPenalty(PenaltyTerm):
     """Amount: the number of calls that failed (validation refused or the tool failed)."""
 
-    scale: float = 0.1
-    cap: float = 0.5
-
 
 @dataclass
 class RepeatPenalty(PenaltyTerm):
