@@ -169,11 +169,10 @@ def _check_range(vals: list[float], arg: str, profile: Profile) -> list[Issue]:
 def _check_arg(spec: ArgSpec, value: Any, assets: AssetLookup, profile: Profile, chk: CallCheck, max_text_chars: int) -> None:
     issues = chk.issues
     if spec.type is ArgType.ASSET:
+        chk.refs_total += 1
         if not isinstance(value, str):
             issues.append(Issue("bad_type", Term.SPEC, f"'{spec.name}' must be an image ID string", spec.name))
-            chk.refs_total += 1
             return
-        chk.refs_total += 1
         chk.args.setdefault("__refs__", []).append(value)
         if value not in assets:
             issues.append(
