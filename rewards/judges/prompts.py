@@ -13,7 +13,8 @@ from typing import Any
 
 from PIL import Image
 
-from rewards.judges.base import TrajectoryView
+# system_prompt has a rubric for every judged aspect.
+from rewards.judges.base import ASPECTS as ASPECTS_WITH_PROMPTS, TrajectoryView
 
 PROMPT_VERSION = "v2"
 SCALE = 10.0
@@ -55,9 +56,6 @@ def system_prompt(aspect: str, scale: int = 10) -> str:
         ),
     }[aspect]
     return rubric + output_instruction(scale)
-
-
-ASPECTS_WITH_PROMPTS = ("alignment", "aesthetic", "trajectory")
 
 
 def user_content(aspect: str, view: TrajectoryView, scale: int = 10) -> list[tuple[str, Any]]:
