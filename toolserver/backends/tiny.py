@@ -15,6 +15,7 @@ as ``<kind>-v<version>-seed<seed>``, and are identical for a given seed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ import string
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from toolserver.backends._base import TINY_MARKER, parse_params
 
@@ -42,14 +43,14 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     return base / "tiny"
 
 
-def _seeded(seed: int) -> Any:
+@contextlib.contextmanager
+def _seeded(seed: int) -> Iterator[None]:
     """Seed torch for one build without disturbing the caller's RNG stream."""
     import torch
 
-    ctx = torch.random.fork_rng(devices=[])
-    ctx.__enter__()
-    torch.manual_seed(seed)
-    return ctx
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def _write_marker(out: Path, kind: str, seed: int, **extra: Any) -> None:
@@ -91,8 +92,7 @@ def build_tiny_flux2(out: Path, seed: int = DEFAULT_SEED) -> Path:
     tokenizer.chat_template = _CHAT_TEMPLATE
     hidden = 16
     out_layers = (1, 2, 3)  # klein concatenates three text-encoder layers (9, 18, 27 in the 4B model)
-    ctx = _seeded(seed)
-    try:
+    with _seeded(seed):
         text_encoder = Qwen3ForCausalLM(
             Qwen3Config(
                 vocab_size=len(vocab),
@@ -117,8 +117,6 @@ def build_tiny_flux2(out: Path, seed: int = DEFAULT_SEED) -> Path:
             guidance_embeds=False,
         )
         vae = AutoencoderKLFlux2(block_out_channels=(8, 16, 32, 32), layers_per_block=1, latent_channels=4, norm_num_groups=8, sample_size=64)
-    finally:
-        ctx.__exit__(None, None, None)
     pipe = Flux2KleinPipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(),
         vae=vae,
@@ -175,11 +173,8 @@ def build_tiny_grounding(out: Path, seed: int = DEFAULT_SEED) -> Path:
         decoder_n_points=2,
         max_text_len=32,
     )
-    ctx = _seeded(seed)
-    try:
+    with _seeded(seed):
         model = GroundingDinoForObjectDetection(config)
-    finally:
-        ctx.__exit__(None, None, None)
     # 128 px: the coarsest feature level (stride 64) must keep >1 value per GroupNorm group.
     processor = GroundingDinoProcessor(image_processor=image_processor_cls(size={"shortest_edge": 128, "longest_edge": 192}), tokenizer=tokenizer)
     model.save_pretrained(out)
@@ -213,11 +208,8 @@ def build_tiny_sam(out: Path, seed: int = DEFAULT_SEED) -> Path:
     prompt = SamPromptEncoderConfig(hidden_size=16, image_size=frame, patch_size=patch, mask_input_channels=4)
     decoder = SamMaskDecoderConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_dim=32, iou_head_hidden_dim=16)
     config = SamConfig(vision_config=vision.to_dict(), prompt_encoder_config=prompt.to_dict(), mask_decoder_config=decoder.to_dict())
-    ctx = _seeded(seed)
-    try:
+    with _seeded(seed):
         model = SamModel(config)
-    finally:
-        ctx.__exit__(None, None, None)
     low_res = frame // patch * 4  # the decoder upsamples the embedding grid 4x
     image_processor = image_processor_cls(
         size={"longest_edge": frame},
