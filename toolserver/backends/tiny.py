@@ -269,37 +269,33 @@ def ensure_tiny(kind: str, cache_dir: str | Path | None = None, seed: int = DEFA
 # ------------------------------------------------------------------- backends on tiny checkpoints
 
 
-def _tiny_params(kind: str, params: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+def _tiny_params(kind: str, params: dict[str, Any], cls: type, **defaults: Any) -> Any:
     params = dict(params)
     # `weights_seed` picks the random weights; `seed` stays the backend's own (FLUX sampling).
     path = ensure_tiny(kind, params.pop("cache_dir", None), int(params.pop("weights_seed", DEFAULT_SEED)))
     if "model" in params:
         raise ValueError(f"{kind}-tiny builds its own checkpoint; use the real backend to load {params['model']!r}")
     # The CPU unless asked otherwise: plumbing runs should not take GPU memory from real models.
-    return path, {"device": "cpu", **params}
+    return parse_params(cls, {**defaults, "device": "cpu", **params, "model": str(path), "plumbing_only": True}, f"{kind}-tiny")
 
 
 def grounding_tiny(**params: Any) -> Any:
     from toolserver.backends.grounding import GroundingBackend, GroundingParams
 
-    path, rest = _tiny_params("grounding", params)
-    return GroundingBackend(parse_params(GroundingParams, {**rest, "model": str(path), "plumbing_only": True}, "grounding-tiny"))
+    return GroundingBackend(_tiny_params("grounding", params, GroundingParams))
 
 
 def sam_tiny(**params: Any) -> Any:
     from toolserver.backends.sam import SamBackend, SamParams
 
-    path, rest = _tiny_params("sam", params)
-    return SamBackend(parse_params(SamParams, {**rest, "model": str(path), "plumbing_only": True}, "sam-tiny"))
+    return SamBackend(_tiny_params("sam", params, SamParams))
 
 
 def flux2_tiny(**params: Any) -> Any:
     from toolserver.backends.flux import FluxBackend, FluxParams
 
-    path, rest = _tiny_params("flux2", params)
     # Small sizes by default: the outputs are noise anyway, and this keeps CPU tests fast.
-    defaults = {"width": 64, "height": 64, "max_pixels": 128 * 128}
-    return FluxBackend(parse_params(FluxParams, {**defaults, **rest, "model": str(path), "plumbing_only": True}, "flux2-tiny"))
+    return FluxBackend(_tiny_params("flux2", params, FluxParams, width=64, height=64, max_pixels=128 * 128))
 
 
 def main(argv: list[str] | None = None) -> int:
