@@ -64,24 +64,15 @@ class ReplicaOutOfMemory(RuntimeError):
     """The replica was killed for memory while it ran the call (HTTP 503 `replica_out_of_memory`)."""
 
 
-def _died_mid_call(exc: Exception) -> bool:
-    if isinstance(exc, ReplicaDied):
+def _ray_says(exc: Exception, local: type[Exception], predicate: str) -> bool:
+    """Whether `exc` is the HTTP client's `local` error or a Ray error `serve_app.<predicate>` accepts."""
+    if isinstance(exc, local):
         return True
     if not type(exc).__module__.startswith("ray."):  # an HTTP client may run without Ray installed
         return False
-    from toolserver.serve_app import died_mid_call
+    from toolserver import serve_app
 
-    return died_mid_call(exc)
-
-
-def _out_of_memory(exc: Exception) -> bool:
-    if isinstance(exc, ReplicaOutOfMemory):
-        return True
-    if not type(exc).__module__.startswith("ray."):
-        return False
-    from toolserver.serve_app import out_of_memory
-
-    return out_of_memory(exc)
+    return getattr(serve_app, predicate)(exc)
 
 
 def _with_retries(policy: RetryPolicy, attempt: Callable[[], ToolResult | Exception], tool: str) -> ToolResult:
@@ -94,9 +85,9 @@ def _with_retries(policy: RetryPolicy, attempt: Callable[[], ToolResult | Except
         if isinstance(out, ToolResult):
             return out
         why = f"{type(out).__name__}: {str(out)[:300]}"
-        if _out_of_memory(out):
+        if _ray_says(out, ReplicaOutOfMemory, "out_of_memory"):
             return ToolResult.failure("replica_out_of_memory", f"{tool}: the replica ran out of memory on this call; not resent ({why})")
-        if _died_mid_call(out):
+        if _ray_says(out, ReplicaDied, "died_mid_call"):
             died += 1
             if died >= policy.died_attempts:
                 return ToolResult.failure(
