@@ -24,6 +24,7 @@ Three parts:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import math
@@ -265,7 +266,8 @@ def _torch() -> Any:
     return torch
 
 
-def _build_rrdbnet_class() -> Any:
+@functools.cache
+def rrdbnet_class() -> Any:
     """RRDBNet as a class, built on first use so that importing this module does not import torch."""
     torch = _torch()
     nn, F = torch.nn, torch.nn.functional
@@ -327,16 +329,6 @@ def _build_rrdbnet_class() -> Any:
             return order + [(self.conv_body, False), (self.conv_up1, True), (self.conv_up2, True), (self.conv_hr, True), (self.conv_last, False)]
 
     return RRDBNet
-
-
-_RRDBNET: Any = None
-
-
-def rrdbnet_class() -> Any:
-    global _RRDBNET
-    if _RRDBNET is None:
-        _RRDBNET = _build_rrdbnet_class()
-    return _RRDBNET
 
 
 def _check_graph(layers: list[NcnnLayer], num_block: int) -> None:
