@@ -101,10 +101,6 @@ def extract(req: ToolRequest) -> ToolResult:
     )
 
 
-def _fmt_num(v: float | int) -> str:
-    return repr(v)
-
-
 def overlayer(req: ToolRequest) -> ToolResult:
     base = req.images["base_image"]
     kind = req.args["overlay_type"]
@@ -140,7 +136,7 @@ def overlayer(req: ToolRequest) -> ToolResult:
         out = out.convert("RGB")
     out_kind = OutputKind.RGBA if out.mode == "RGBA" else OutputKind.IMAGE
     return _ok(
-        f"Overlaid {kind} onto image at position [{_fmt_num(pos_x)},{_fmt_num(pos_y)}]. Output size: {out.size}",
+        f"Overlaid {kind} onto image at position [{pos_x!r},{pos_y!r}]. Output size: {out.size}",
         out,
         out_kind,
         pixel_position=[px, py],
