@@ -21,7 +21,6 @@ import ctypes
 import logging
 import math
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from toolserver.backends._base import (
     parse_params,
     return_freed_memory,
 )
-from toolserver.backends.sr_progress import progress_line
+from toolserver.backends.sr_progress import PERCENT, progress_line
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolError, ToolResult
@@ -104,9 +103,6 @@ def check_untiled_input(src: Image.Image, tile: int, max_untiled_pixels: int, ba
         )
 
 
-_PROGRESS = re.compile(r"^\s*\d+(\.\d+)?%\s*$")
-
-
 @contextmanager
 def _native_output_to_log(logger: logging.Logger, progress: TileProgress | None = None) -> Iterator[None]:
     """Capture file descriptors 1 and 2 while native code runs: ncnn prints per-tile progress
@@ -143,8 +139,8 @@ def _native_output_to_log(logger: logging.Logger, progress: TileProgress | None 
                 os.close(dup)
             sink.seek(0)
             lines = sink.read().decode(errors="replace").splitlines()
-            prog = [ln for ln in lines if _PROGRESS.match(ln)]
-            other = [ln for ln in lines if ln.strip() and not _PROGRESS.match(ln)]
+            prog = [ln for ln in lines if PERCENT.match(ln)]
+            other = [ln for ln in lines if ln.strip() and not PERCENT.match(ln)]
             if prog:
                 logger.debug("native SR progress: %s", " ".join(p.strip() for p in prog[-20:]))
             if other:
