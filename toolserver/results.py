@@ -34,3 +34,10 @@ class ToolError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def close_if_closable(obj: Any) -> None:
+    """Call `obj.close()` if it has one: backends, toolboxes and judges need not."""
+    close = getattr(obj, "close", None)
+    if callable(close):
+        close()

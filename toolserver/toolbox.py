@@ -20,7 +20,7 @@ from toolserver.backends import BackendFn, build_backend
 from toolserver.limits import Limits, check_request, predicted_output_refusal
 from toolserver.registry import REGISTRY, Backend, OutputKind
 from toolserver.request import ToolRequest
-from toolserver.results import ToolError, ToolResult
+from toolserver.results import ToolError, ToolResult, close_if_closable
 from toolserver.tools.pure import PURE_TOOLS
 from toolserver.validation import Profile
 
@@ -140,9 +140,7 @@ class LocalToolbox:
         """Release every backend's loaded model. The toolbox stays usable: a later call to a
         model tool loads its backend again."""
         for b in self.backends.values():
-            close = getattr(b, "close", None)
-            if callable(close):
-                close()
+            close_if_closable(b)
 
 
 class _LazyBackend:
@@ -174,6 +172,4 @@ class _LazyBackend:
         """Release the backend and what it loaded; a later call builds it again."""
         with self._lock:
             fn, self._fn = self._fn, None
-        close = getattr(fn, "close", None)
-        if callable(close):
-            close()
+        close_if_closable(fn)

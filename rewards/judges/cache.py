@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Iterable
 
 from rewards.judges.base import FallbackCounter, Judge, JudgeResult, TrajectoryView
+from toolserver.results import close_if_closable
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,4 @@ class CachedJudge:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
+        close_if_closable(self.inner)

@@ -35,6 +35,7 @@ from rewards.config import OfflineJudgeConfig
 from rewards.judges.base import JudgeResult, TrajectoryView
 from rewards.judges.iq import image_quality
 from toolserver.registry import INSTRUCTION_KINDS, REGISTRY, Need, OutputKind
+from toolserver.results import close_if_closable
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +206,4 @@ class OfflineJudge:
         return JudgeResult(score=q.score, details=dict(q.terms), judge=self.name)
 
     def close(self) -> None:
-        close = getattr(self._toolbox, "close", None)
-        if callable(close):
-            close()
+        close_if_closable(self._toolbox)

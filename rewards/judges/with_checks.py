@@ -13,9 +13,8 @@ score flagged as a fallback, so the outage is counted. Other aspects go to the m
 
 from __future__ import annotations
 
-from typing import Any
-
 from rewards.judges.base import Judge, JudgeResult, TrajectoryView
+from toolserver.results import close_if_closable
 
 
 class ChecksAndModelJudge:
@@ -49,6 +48,4 @@ class ChecksAndModelJudge:
 
     def close(self) -> None:
         for j in (self.model, self.checks):
-            close: Any = getattr(j, "close", None)
-            if callable(close):
-                close()
+            close_if_closable(j)
