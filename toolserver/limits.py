@@ -154,6 +154,14 @@ def predicted_output_refusal(request: ToolRequest, max_output_pixels: int) -> To
     return None
 
 
+def output_refusal(tool: str, result: ToolResult, max_output_pixels: int) -> ToolResult | None:
+    """`output_too_large` for a successful result whose image is over `max_output_pixels`; None otherwise."""
+    img = result.image
+    if result.ok and img is not None and img.width * img.height > max_output_pixels:
+        return ToolResult.failure("output_too_large", f"{tool} produced {img.width}x{img.height}, over the {max_output_pixels:,}-pixel limit")
+    return None
+
+
 def check_request(request: ToolRequest, limits: Limits, max_pixels: int) -> tuple[ToolRequest | None, ToolResult | None]:
     """(the request with validated, normalised arguments, None) or (None, the refusal).
 

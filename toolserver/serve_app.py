@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from toolserver import http_codec
 from toolserver.backends import BACKEND_FACTORIES, build_backend
-from toolserver.limits import Limits, check_request
+from toolserver.limits import Limits, check_request, output_refusal
 from toolserver.registry import REGISTRY, Backend
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -173,7 +173,8 @@ class ToolDeployment:
                 if len(results) == len(reqs):
                     for r in results:
                         r.elapsed_s = r.elapsed_s or (time.perf_counter() - t0) / len(reqs)
-                    return [self._limit_output(r) for r in results]
+                    # LocalToolbox.call applies this limit on the per-item path; batch_call bypasses it.
+                    return [output_refusal(self.tool, r, self.max_pixels) or r for r in results]
                 log.error("%s batch_call returned %d results for %d requests; retrying one by one", self.tool, len(results), len(reqs))
             except Exception:
                 # One bad input must not fail its batch-mates: fall back to per-item calls,
@@ -181,12 +182,6 @@ class ToolDeployment:
                 log.exception("%s batch_call failed; retrying one by one", self.tool)
         # Already checked in __call__; LocalToolbox would validate the normalised args again.
         return [self.checked_box.call(r) for r in reqs]
-
-    def _limit_output(self, r: ToolResult) -> ToolResult:
-        # LocalToolbox.call applies this limit on the per-item path; batch_call bypasses it.
-        if r.ok and r.image is not None and r.image.width * r.image.height > self.max_pixels:
-            return ToolResult.failure("output_too_large", f"{self.tool} produced {r.image.width}x{r.image.height}, over the {self.max_pixels:,}-pixel limit")
-        return r
 
     def describe(self) -> dict[str, Any]:
         return {

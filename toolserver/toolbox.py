@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from PIL import Image
 
 from toolserver.backends import BackendFn, build_backend
-from toolserver.limits import Limits, check_request, predicted_output_refusal
+from toolserver.limits import Limits, check_request, output_refusal, predicted_output_refusal
 from toolserver.registry import REGISTRY, Backend, OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolError, ToolResult, close_if_closable
@@ -101,13 +101,7 @@ class LocalToolbox:
                 return refusal
         result = self._dispatch(request)
         result.elapsed_s = time.perf_counter() - t0
-        if result.ok and result.image is not None and result.image.width * result.image.height > self.max_output_pixels:
-            return ToolResult.failure(
-                "output_too_large",
-                f"{request.tool} produced {result.image.width}x{result.image.height}, over the "
-                f"{self.max_output_pixels:,}-pixel limit",
-            )
-        return result
+        return output_refusal(request.tool, result, self.max_output_pixels) or result
 
     def _dispatch(self, request: ToolRequest) -> ToolResult:
         spec = REGISTRY.get(request.tool)
