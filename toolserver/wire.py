@@ -281,7 +281,7 @@ class _Mapped:
                 raise ShmMissing(f"slot holds {size} bytes, fewer than the {n} claimed")
             os.ftruncate(self.fd, n)
             size = n
-        if self.mm is None or len(self.mm) < size:
+        if self.mm is None or len(self.mm) < size:  # first use, or grown (by either side)
             self.close_map()
             self.mm = mmap.mmap(self.fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0))
         return self.mm
@@ -354,7 +354,7 @@ def write_slot_image(name: str, img: Image.Image, rawmode: str, nbytes: int) -> 
         encode_into(img, rawmode, m.map(nbytes, grow=True))
 
 
-class ShmSlot:
+class ShmSlot(_Mapped):
     """One file of the caller's pool, kept mapped so reuse costs a memcpy, not page faults."""
 
     def __init__(self) -> None:
@@ -362,37 +362,23 @@ class ShmSlot:
         self.name = f"{SHM_PREFIX}{tag}-{uuid.uuid4().hex}" if tag else SHM_PREFIX + uuid.uuid4().hex
         # O_EXCL and 0600: never write through someone else's file or link.
         self.fd = os.open(SHM_DIR / self.name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        self.mm: mmap.mmap | None = None
-
-    def _map(self, n: int) -> mmap.mmap:
-        size = os.fstat(self.fd).st_size
-        if size < n:
-            os.ftruncate(self.fd, n)
-            size = n
-        if self.mm is None or len(self.mm) < size:  # first use, or grown (by us or a replica)
-            if self.mm is not None:
-                self.mm.close()
-            self.mm = mmap.mmap(self.fd, size)
-        return self.mm
+        self.writable, self.mm = True, None
 
     @property
     def capacity(self) -> int:
         return os.fstat(self.fd).st_size
 
     def write_image(self, img: Image.Image, rawmode: str, nbytes: int) -> None:
-        encode_into(img, rawmode, self._map(nbytes))
+        encode_into(img, rawmode, self.map(nbytes, grow=True))
 
     def read_image(self, mode: str, size: tuple[int, int], nbytes: int, rawmode: str | None = None) -> Image.Image:
         if self.capacity < nbytes:
             raise ShmMissing(f"{self.name} holds {self.capacity} bytes, fewer than the {nbytes} claimed")
-        with memoryview(self._map(nbytes))[:nbytes] as view:
+        with memoryview(self.map(nbytes, grow=False))[:nbytes] as view:
             return Image.frombytes(mode, size, view, "raw", rawmode or mode)
 
     def remove(self) -> None:
-        if self.mm is not None:
-            self.mm.close()
-            self.mm = None
-        os.close(self.fd)
+        self.close()
         try:
             os.unlink(SHM_DIR / self.name)
         except FileNotFoundError:
