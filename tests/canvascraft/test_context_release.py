@@ -14,7 +14,7 @@ def _ocr_backend(ctx):
     img = Image.new("RGB", (64, 32), "white")
     assert ctx.toolbox.call(ToolRequest(tool="OCR", args={"image": "img_1"}, images={"image": img})).ok
     backend = ctx.toolbox.backends["OCR"]._fn
-    assert backend._engine.loaded
+    assert backend._model.loaded
     return backend
 
 
@@ -23,7 +23,7 @@ def test_a_new_config_closes_the_previous_toolbox():
     backend = _ocr_backend(first)
     second = context.context_for(load_build_config("sft", None, seed=2))
     assert second is not first and list(context._CACHE.values()) == [second]
-    assert not backend._engine.loaded and first.toolbox.backends["OCR"]._fn is None
+    assert not backend._model.loaded and first.toolbox.backends["OCR"]._fn is None
     context.release_contexts()
     assert context._CACHE == {}
 

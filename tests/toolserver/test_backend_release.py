@@ -62,9 +62,9 @@ def test_toolbox_close_releases_backends_and_they_load_again(ncnn):
     assert toolbox.call(ocr).ok and first.ok
     sr_backend = toolbox.backends["SR"]._fn
     ocr_backend = toolbox.backends["OCR"]._fn
-    assert sr_backend.loaded and ocr_backend._engine.loaded and any(k[0] == "rapidocr" for k in _SHARED)
+    assert sr_backend.loaded and ocr_backend._model.loaded and any(k[0] == "rapidocr" for k in _SHARED)
     toolbox.close()
-    assert not sr_backend.loaded and not ocr_backend._engine.loaded
+    assert not sr_backend.loaded and not ocr_backend._model.loaded
     assert not any(k[0] == "rapidocr" for k in _SHARED)  # no process-wide copy of the engine is left
     assert toolbox.backends["SR"]._fn is None and toolbox.backends["OCR"]._fn is None
     again = toolbox.call(sr)  # the closed toolbox still works: the backend loads again

@@ -81,6 +81,22 @@ class Lazy(Generic[T]):
         return had
 
 
+class LazyModelBackend:
+    """A backend whose model, what the subclass's `_load` returns, is built on first use and
+    kept in `_model`."""
+
+    def __init__(self, params: Any):
+        self.params = params
+        self._model: Lazy[Any] = Lazy(self._load)
+
+    def _load(self) -> Any:
+        raise NotImplementedError
+
+    def load(self) -> None:
+        """Load now (a serving replica at start-up) instead of on the first request."""
+        self._model.get()
+
+
 _SHARED: dict[tuple[Any, ...], Lazy[Any]] = {}
 _SHARED_LOCK = threading.Lock()
 

@@ -22,7 +22,7 @@ from typing import Any
 from PIL import Image
 
 from toolserver.backends._base import (
-    Lazy,
+    LazyModelBackend,
     hf_from_pretrained,
     mark_plumbing,
     parse_params,
@@ -100,11 +100,11 @@ def _dtype_kwarg(diffusers: Any, dtype: Any) -> dict[str, Any]:
     return {"dtype": dtype} if Version(diffusers.__version__) >= Version("0.42") else {"torch_dtype": dtype}
 
 
-class FluxBackend:
+class FluxBackend(LazyModelBackend):
     name = "flux2-klein"
 
     def __init__(self, params: FluxParams):
-        self.params = params
+        super().__init__(params)
         meta = tiny_meta(params.model)
         self.plumbing_only = params.plumbing_only or meta is not None
         # A tiny checkpoint records the call arguments its shrunken architecture needs (which
@@ -112,7 +112,6 @@ class FluxBackend:
         self.call_kwargs = {**((meta or {}).get("pipeline_kwargs") or {}), **params.pipeline_kwargs}
         if "text_encoder_out_layers" in self.call_kwargs:
             self.call_kwargs["text_encoder_out_layers"] = tuple(self.call_kwargs["text_encoder_out_layers"])
-        self._pipes: Lazy[_Pipes] = Lazy(self._load)
 
     def _load(self) -> _Pipes:
         diffusers = require("diffusers", "pip install 'diffusers>=0.36'")
@@ -132,10 +131,6 @@ class FluxBackend:
 
         return shared(("flux2-klein", p.model, device, str(dtype), p.cpu_offload), build)
 
-    def load(self) -> None:
-        """Load now (a serving replica at start-up) instead of on the first request."""
-        self._pipes.get()
-
     def _generator(self) -> Any:
         import torch
 
@@ -148,13 +143,13 @@ class FluxBackend:
         return {"num_inference_steps": p.steps, "guidance_scale": p.guidance, "generator": self._generator(), **self.call_kwargs}
 
     def generate(self, prompt: str) -> Image.Image:
-        pipes = self._pipes.get()
+        pipes = self._model.get()
         p = self.params
         with pipes.lock:
             return pipes.base(prompt=prompt, width=p.width, height=p.height, **self._common()).images[0]
 
     def edit(self, image: Image.Image, prompt: str, mask: Image.Image | None = None) -> Image.Image:
-        pipes = self._pipes.get()
+        pipes = self._model.get()
         src = to_rgb(image)
         w, h = working_size(src.width, src.height, self.params.max_pixels)
         work = src.resize((w, h), Image.Resampling.LANCZOS) if (w, h) != src.size else src
@@ -200,7 +195,7 @@ class FluxBackend:
         from the same noise as a single call would; one shared generator would hand the second
         prompt different noise than it gets alone.
         """
-        pipes = self._pipes.get()
+        pipes = self._model.get()
         p = self.params
         kwargs = self._common()
         if self.params.seed is not None:

@@ -18,7 +18,7 @@ from typing import Any
 from PIL import Image
 
 from toolserver.backends._base import (
-    Lazy,
+    LazyModelBackend,
     hf_from_pretrained,
     mark_plumbing,
     parse_params,
@@ -85,13 +85,12 @@ def format_detections(dets: list[Detection], reference_text: str) -> str:
     return f"Found {len(dets)} objects:\n{rows}"
 
 
-class GroundingBackend:
+class GroundingBackend(LazyModelBackend):
     name = "grounding-dino"
 
     def __init__(self, params: GroundingParams):
-        self.params = params
+        super().__init__(params)
         self.plumbing_only = params.plumbing_only or tiny_meta(params.model) is not None
-        self._model: Lazy[tuple[Any, Any, str, threading.Lock]] = Lazy(self._load)
 
     def _load(self) -> tuple[Any, Any, str, threading.Lock]:
         p = self.params
@@ -109,10 +108,6 @@ class GroundingBackend:
             return processor, model.to(device).eval(), device, threading.Lock()
 
         return shared(("grounding", p.model, device, str(dtype)), build)
-
-    def load(self) -> None:
-        """Load now (a serving replica at start-up) instead of on the first request."""
-        self._model.get()
 
     def detect(self, image: Image.Image, reference_text: str) -> list[Detection]:
         import torch

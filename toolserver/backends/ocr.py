@@ -28,7 +28,7 @@ from PIL import Image
 
 from toolserver.backends._base import (
     BackendUnavailable,
-    Lazy,
+    LazyModelBackend,
     forget_shared,
     parse_params,
     require,
@@ -141,13 +141,12 @@ class RapidOcrParams:
     extra: dict[str, Any] = field(default_factory=dict)  # raw rapidocr params ("Det.box_thresh": 0.5, ...)
 
 
-class RapidOcrBackend:
+class RapidOcrBackend(LazyModelBackend):
     name = "rapidocr"
 
     def __init__(self, params: RapidOcrParams):
         _check_format(params.text_format)
-        self.params = params
-        self._engine: Lazy[Any] = Lazy(self._load)
+        super().__init__(params)
 
     def _key(self) -> tuple[Any, ...]:
         p = self.params
@@ -162,7 +161,7 @@ class RapidOcrBackend:
         """Release this backend's engine (the onnxruntime sessions go once no other backend
         holds them); a later call loads one again."""
         forget_shared(self._key())
-        if self._engine.reset():
+        if self._model.reset():
             return_freed_memory()
 
     def _create(self) -> Any:
@@ -189,12 +188,8 @@ class RapidOcrBackend:
         except Exception as e:  # e.g. a model type not shipped in the wheel: rapidocr tries to download it
             raise BackendUnavailable(f"rapidocr failed to initialise ({type(e).__name__}: {e}); the shipped models need no download") from e
 
-    def load(self) -> None:
-        """Load now (a serving replica at start-up) instead of on the first request."""
-        self._engine.get()
-
     def recognise(self, image: Image.Image) -> OcrLines:
-        engine, lock = self._engine.get()
+        engine, lock = self._model.get()
         with lock:
             out = engine(to_rgb(image))
         txts: Sequence[str] = out.txts or ()
@@ -233,13 +228,12 @@ class PaddleOcrParams:
     extra: dict[str, Any] = field(default_factory=dict)  # further PaddleOCR(...) keyword arguments
 
 
-class PaddleOcrBackend:
+class PaddleOcrBackend(LazyModelBackend):
     name = "paddleocr"
 
     def __init__(self, params: PaddleOcrParams):
         _check_format(params.text_format)
-        self.params = params
-        self._engine: Lazy[Any] = Lazy(self._load)
+        super().__init__(params)
         self._lock = threading.Lock()  # PaddleOCR pipelines are not documented as thread-safe
 
     def _load(self) -> Any:
@@ -269,11 +263,8 @@ class PaddleOcrBackend:
                 "set text_detection_model_dir and text_recognition_model_dir to local PP-OCR model directories"
             ) from e
 
-    def load(self) -> None:
-        self._engine.get()
-
     def recognise(self, image: Image.Image) -> OcrLines:
-        engine = self._engine.get()
+        engine = self._model.get()
         bgr = np.ascontiguousarray(np.asarray(to_rgb(image))[:, :, ::-1])  # Paddle follows OpenCV's BGR
         with self._lock:
             pages = list(engine.predict(bgr))

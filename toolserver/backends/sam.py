@@ -22,7 +22,7 @@ from PIL import Image
 
 from toolserver.backends._base import (
     BackendUnavailable,
-    Lazy,
+    LazyModelBackend,
     hf_from_pretrained,
     mark_plumbing,
     parse_params,
@@ -74,13 +74,12 @@ def sam_text(mask: np.ndarray, score: float, box_px: list[float]) -> str:
     )
 
 
-class SamBackend:
+class SamBackend(LazyModelBackend):
     name = "sam"
 
     def __init__(self, params: SamParams):
-        self.params = params
+        super().__init__(params)
         self.plumbing_only = params.plumbing_only or tiny_meta(params.model) is not None
-        self._model: Lazy[tuple[Any, Any, str, threading.Lock]] = Lazy(self._load)
 
     def _load(self) -> tuple[Any, Any, str, threading.Lock]:
         import torch
@@ -101,10 +100,6 @@ class SamBackend:
             return processor, model.to(device).eval(), device, threading.Lock()
 
         return shared(("sam", p.model, device, str(dtype)), build)
-
-    def load(self) -> None:
-        """Load now (a serving replica at start-up) instead of on the first request."""
-        self._model.get()
 
     def segment(self, image: Image.Image, bbox: list[float]) -> tuple[np.ndarray, float, list[float]]:
         import torch
@@ -207,12 +202,11 @@ class SegmentAnythingParams:
     device: str = "auto"
 
 
-class SegmentAnythingBackend:
+class SegmentAnythingBackend(LazyModelBackend):
     name = "segment-anything"
 
     def __init__(self, params: SegmentAnythingParams):
-        self.params = params
-        self._predictor: Lazy[Any] = Lazy(self._load)
+        super().__init__(params)
         self._lock = threading.Lock()  # the predictor holds the current image's embedding
 
     def _load(self) -> Any:
@@ -236,12 +230,8 @@ class SegmentAnythingBackend:
         log.info("loaded segment-anything %s from %s", p.model_type, p.checkpoint)
         return SamPredictor(model)
 
-    def load(self) -> None:
-        """Load now (a serving replica at start-up) instead of on the first request."""
-        self._predictor.get()
-
     def segment(self, image: Image.Image, bbox: list[float]) -> tuple[np.ndarray, float, list[float]]:
-        predictor = self._predictor.get()
+        predictor = self._model.get()
         rgb = to_rgb(image)
         box_px = _checked_box(bbox, rgb)
         with self._lock:

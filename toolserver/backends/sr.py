@@ -36,7 +36,7 @@ from PIL import Image
 
 from toolserver.backends._base import (
     BackendUnavailable,
-    Lazy,
+    LazyModelBackend,
     parse_params,
     return_freed_memory,
 )
@@ -224,7 +224,7 @@ class SrTimer:
 # ------------------------------------------------------------------------------ realesrgan-ncnn
 
 
-class TiledSrBackend:
+class TiledSrBackend(LazyModelBackend):
     """What the tiled SR backends share: the network built on first use (`_load`, by the
     subclass), one call at a time under `_lock`, `keep_loaded: false` releasing the network once
     no call is in flight, and the size check of untiled runs before `upscale_rgb` (the subclass's
@@ -234,15 +234,11 @@ class TiledSrBackend:
     name = ""
 
     def __init__(self, params: Any):
-        self.params = params
-        self._model: Lazy[Any] = Lazy(self._load)
+        super().__init__(params)
         self._lock = threading.Lock()  # one call at a time: bounds memory; two would only share the cores
         self.timer = SrTimer(self.name)
         self._users = 0  # calls in flight (waiting for the lock or running), for keep_loaded: false
         self._users_lock = threading.Lock()
-
-    def _load(self) -> Any:
-        raise NotImplementedError
 
     def upscale_rgb(self, rgb: Image.Image) -> Image.Image:
         raise NotImplementedError
@@ -258,10 +254,6 @@ class TiledSrBackend:
                 self._users -= 1
                 if self._users == 0 and not self.params.keep_loaded and self._model.reset():
                     return_freed_memory()  # no call holds the model: nothing else references it
-
-    def load(self) -> None:
-        """Load now (a serving replica at start-up) instead of on the first request."""
-        self._model.get()
 
     def close(self) -> None:
         """Release the loaded network once the call in flight, if any, is done; a later call
