@@ -113,9 +113,19 @@ def _result(found: OcrLines, text_format: str, backend: str) -> ToolResult:
     )
 
 
-def _check_format(text_format: str) -> None:
-    if text_format not in TEXT_FORMATS:
-        raise ValueError(f"text_format must be one of {TEXT_FORMATS}, got {text_format!r}")
+class _OcrBackend(LazyModelBackend):
+    """What the OCR backends share: the `text_format` check and the tool call on `recognise`."""
+
+    def __init__(self, params: Any):
+        if params.text_format not in TEXT_FORMATS:
+            raise ValueError(f"text_format must be one of {TEXT_FORMATS}, got {params.text_format!r}")
+        super().__init__(params)
+
+    def recognise(self, image: Image.Image) -> OcrLines:
+        raise NotImplementedError
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        return _result(self.recognise(request.images["image"]), self.params.text_format, self.name)
 
 
 # --------------------------------------------------------------------------------------- rapidocr
@@ -141,12 +151,8 @@ class RapidOcrParams:
     extra: dict[str, Any] = field(default_factory=dict)  # raw rapidocr params ("Det.box_thresh": 0.5, ...)
 
 
-class RapidOcrBackend(LazyModelBackend):
+class RapidOcrBackend(_OcrBackend):
     name = "rapidocr"
-
-    def __init__(self, params: RapidOcrParams):
-        _check_format(params.text_format)
-        super().__init__(params)
 
     def _key(self) -> tuple[Any, ...]:
         p = self.params
@@ -198,9 +204,6 @@ class RapidOcrBackend(LazyModelBackend):
         found = OcrLines(list(txts), scores, boxes)
         return merge_line_fragments(found) if self.params.merge_lines else found
 
-    def __call__(self, request: ToolRequest) -> ToolResult:
-        return _result(self.recognise(request.images["image"]), self.params.text_format, self.name)
-
     # No batch_call: RapidOCR's __call__ takes one image; its only batching is recognition of the
     # text lines cropped from that image (rec_batch_num). Detection, the bulk of the time, runs
     # on one resized image per call, so batching requests would be a loop under the same lock.
@@ -228,11 +231,10 @@ class PaddleOcrParams:
     extra: dict[str, Any] = field(default_factory=dict)  # further PaddleOCR(...) keyword arguments
 
 
-class PaddleOcrBackend(LazyModelBackend):
+class PaddleOcrBackend(_OcrBackend):
     name = "paddleocr"
 
     def __init__(self, params: PaddleOcrParams):
-        _check_format(params.text_format)
         super().__init__(params)
         self._lock = threading.Lock()  # PaddleOCR pipelines are not documented as thread-safe
 
@@ -280,9 +282,6 @@ class PaddleOcrBackend(LazyModelBackend):
                 found.scores.append(round(float(score), 4))
                 found.boxes.append(_xyxy(poly))
         return merge_line_fragments(found) if self.params.merge_lines else found
-
-    def __call__(self, request: ToolRequest) -> ToolResult:
-        return _result(self.recognise(request.images["image"]), self.params.text_format, self.name)
 
     # No batch_call: PaddleOCR 3's predict() accepts a list of images, but whether its detector
     # stacks differently sized pages into one forward pass is unverified here (paddleocr cannot
