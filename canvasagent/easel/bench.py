@@ -22,6 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
+from canvasagent.core.plotting import figure
+
 from . import anchors, metrics, parallel, render, tasks
 from .canvas import CanvasSession
 from .painter import PainterConfig, paint
@@ -202,38 +204,26 @@ def format_table(results: Sequence[EpisodeResult], wall: float | None = None) ->
 
 
 def plot_curves(results: Sequence[EpisodeResult], path: str | Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
     grid = np.linspace(0, 1, 101)
-    for (pol, mode) in sorted({(r.policy, r.mode) for r in results}):
-        for c in tasks.CATEGORIES:
-            rs = [r for r in results if r.policy == pol and r.mode == mode and r.category == c and r.curve]
-            if not rs:
-                continue
-            ys = [np.interp(grid, np.linspace(0, 1, len(r.curve)) if len(r.curve) > 1 else [0, 1],
-                            r.curve if len(r.curve) > 1 else r.curve * 2) for r in rs]
-            ax.plot(grid * 100, np.mean(ys, 0), label=f"{pol}/{mode}/{c}")
-    ax.set_xlabel("progress (% of budget)")
-    ax.set_ylabel("similarity S")
-    ax.set_ylim(0, 1)
-    if ax.get_legend_handles_labels()[0]:  # episodes without a stroke draw no curve
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(6, 4), save_dpi=120) as (fig, ax):
+        for (pol, mode) in sorted({(r.policy, r.mode) for r in results}):
+            for c in tasks.CATEGORIES:
+                rs = [r for r in results if r.policy == pol and r.mode == mode and r.category == c and r.curve]
+                if not rs:
+                    continue
+                ys = [np.interp(grid, np.linspace(0, 1, len(r.curve)) if len(r.curve) > 1 else [0, 1],
+                                r.curve if len(r.curve) > 1 else r.curve * 2) for r in rs]
+                ax.plot(grid * 100, np.mean(ys, 0), label=f"{pol}/{mode}/{c}")
+        ax.set_xlabel("progress (% of budget)")
+        ax.set_ylabel("similarity S")
+        ax.set_ylim(0, 1)
+        if ax.get_legend_handles_labels()[0]:  # episodes without a stroke draw no curve
+            ax.legend(fontsize=6)
 
 
 def plot_single_curve(curve: Sequence[float], path: str | Path, title: str = "") -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5, 3))
-    ax.plot(np.arange(1, len(curve) + 1), curve)
-    ax.set_xlabel("step")
-    ax.set_ylabel("S")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(5, 3), save_dpi=120) as (fig, ax):
+        ax.plot(np.arange(1, len(curve) + 1), curve)
+        ax.set_xlabel("step")
+        ax.set_ylabel("S")
+        ax.set_title(title)
