@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from canvasagent.core.plotting import figure
+from canvasagent.evaluation.report import markdown_table
 
 from . import anchors, metrics, parallel, render, tasks
 from .canvas import CanvasSession
@@ -191,16 +192,13 @@ def format_table(results: Sequence[EpisodeResult], wall: float | None = None) ->
     cats = list(tasks.CATEGORIES)
     head = ["policy", "budget"] + [tasks.CATEGORIES[c].label for c in cats] + \
         ["Final", "@50%", "AUC", "Best", "F-B Gap", "EdgeIoU", "s/ep"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     f3 = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    for row in summarise(results):
-        cells = [row["policy"], row["mode"]] + [f3(row[c]) for c in cats] + \
-            [f3(row[k]) for k in ("final", "at50", "auc", "best", "fb_gap", "edge_iou")] + \
-            [f"{row['seconds_per_episode']:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+    table = markdown_table(head, ([row["policy"], row["mode"]] + [f3(row[c]) for c in cats] +
+                                  [f3(row[k]) for k in ("final", "at50", "auc", "best", "fb_gap", "edge_iou")] +
+                                  [f"{row['seconds_per_episode']:.1f}"] for row in summarise(results)))
     if wall is not None:
-        lines.append(f"\nwall time: {wall:.1f}s for {len(results)} episodes")
-    return "\n".join(lines) + "\n"
+        table += f"\n\nwall time: {wall:.1f}s for {len(results)} episodes"
+    return table + "\n"
 
 
 def plot_curves(results: Sequence[EpisodeResult], path: str | Path) -> None:

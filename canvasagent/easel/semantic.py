@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from canvasagent.core.plotting import figure
+from canvasagent.evaluation.report import markdown_table
 
 from . import heuristics, render, tasks
 from .canvas import CanvasSession
@@ -127,16 +128,15 @@ def format_table(results: Sequence[SemanticResult]) -> str:
     rows = summarise(results)
     pols = sorted({r["policy"] for r in rows}, key=lambda p: (POLICIES.index(p) if p in POLICIES else 99, p))
     head = ["task", "metric", "budget"] + pols
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = []
     for task in [t for t in TASK_NAMES if any(r["task"] == t for r in rows)] + \
             sorted({r["task"] for r in rows} - set(TASK_NAMES)):
         cells = [task, METRIC.get(task, "score"), str(next(r["budget"] for r in rows if r["task"] == task))]
         for p in pols:
             m = [r for r in rows if r["task"] == task and r["policy"] == p]
             cells.append("-" if not m else f"{m[0]['score']:.3f} ({m[0]['steps']:.0f}/{m[0]['rejected']:.0f})")
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("\nscore (mean steps used / mean rejected strokes)")
-    return "\n".join(lines) + "\n"
+        table.append(cells)
+    return markdown_table(head, table) + "\n\nscore (mean steps used / mean rejected strokes)\n"
 
 
 def plot(results: Sequence[SemanticResult], path: str | Path) -> None:

@@ -373,8 +373,8 @@ class AblationRunner:
     def write(self, results: dict[str, CellResult], failures: dict[str, str]) -> dict[str, Any]:
         rows = {c.name: results[c.name].metrics for c in self.cfg.cells if c.name in results}
         table = metrics_table(rows)
-        extra = ["", "| Setting | Success | Valid replies | Minutes |", "|---|---|---|---|"]
-        extra += [f"| {n} | {r.success_rate:.3f} | {r.valid_reply_rate:.3f} | {r.seconds / 60:.1f} |" for n, r in results.items()]
+        extra = ["", markdown_table(["Setting", "Success", "Valid replies", "Minutes"],
+                                    ([n, f"{r.success_rate:.3f}", f"{r.valid_reply_rate:.3f}", f"{r.seconds / 60:.1f}"] for n, r in results.items()))]
         notes = [f"- {n}: FAILED — {msg.splitlines()[0]}" for n, msg in failures.items()]
         md = f"# Ablation: {self.cfg.name}\n\nEvaluated with the `{self.cfg.eval.preset}` reward, {self.cfg.eval.judge} judges.\n\n{table}\n" + "\n".join(extra) + "\n"
         paired = paired_against(self.out, list(results), REFERENCE_CELL) if REFERENCE_CELL in results else {}
