@@ -32,21 +32,18 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_paint(args: argparse.Namespace) -> int:
-    import cv2
     from PIL import Image
 
     from canvasagent.easel import bench, render
     from canvasagent.easel.canvas import CanvasSession
     from canvasagent.easel.painter import paint
+    from canvasagent.interactive.paint import centre_square  # deferred, as the others: easel imports torch
     cfg = bench.load_config(args.config).painter
     if args.seed is not None:
         cfg = replace(cfg, seed=args.seed)
     ref = _load_image(args.ref)
     if args.size:
-        h, w = ref.shape[:2]
-        side = min(h, w)
-        ref = ref[(h - side) // 2:(h + side) // 2, (w - side) // 2:(w + side) // 2]
-        ref = cv2.resize(ref, (args.size, args.size), interpolation=cv2.INTER_AREA)
+        ref = centre_square(ref, args.size)
     if ref.shape[0] != ref.shape[1]:
         raise SystemExit("reference must be square (use --size N to centre-crop and resize)")
     out = Path(args.out)
@@ -134,19 +131,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    import cv2
-
     from canvasagent.easel import bench, data
+    from canvasagent.interactive.paint import centre_square  # deferred, as the others: easel imports torch
     refs = []
     for p in args.refs:
         path = Path(p)
         files = sorted(f for f in path.iterdir() if f.suffix.lower() in (".png", ".jpg", ".jpeg")) if path.is_dir() else [path]
         for f in files:
-            img = _load_image(str(f))
-            h, w = img.shape[:2]
-            side = min(h, w)
-            img = img[(h - side) // 2:(h + side) // 2, (w - side) // 2:(w + side) // 2]
-            refs.append((f.stem, cv2.resize(img, (args.size, args.size), interpolation=cv2.INTER_AREA)))
+            refs.append((f.stem, centre_square(_load_image(str(f)), args.size)))
     if not refs:
         raise SystemExit("no reference images found")
     cfg = bench.load_config(args.config).painter
