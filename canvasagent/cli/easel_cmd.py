@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from canvasagent.cli.chat_cmd import run_paint
+
 log = logging.getLogger(__name__)
 
 
@@ -62,20 +64,6 @@ def cmd_paint(args: argparse.Namespace) -> int:
     d = sess.diagnostics()
     (out / "summary.json").write_text(json.dumps({"seconds": res.seconds, **d.as_dict()}, indent=2))
     print(f"final S={d.final:.4f} best={d.best:.4f} AUC={d.auc:.4f} in {res.seconds:.1f}s -> {out}")
-    return 0
-
-
-def cmd_draw(args: argparse.Namespace) -> int:
-    """You paint: one stroke per line, with the step, S and the saved canvas after each."""
-    import time
-
-    from canvasagent.interactive.paint import PaintCommandError, PaintSession, load_reference, paint_chat
-    out = args.out or f"runs/paint-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        ps = PaintSession(load_reference(args.ref, args.size), args.budget, out_dir=out)
-    except PaintCommandError as e:
-        raise SystemExit(f"error: {e}") from None
-    paint_chat(ps)
     return 0
 
 
@@ -173,7 +161,7 @@ def register(subparsers) -> None:
     s.add_argument("--budget", type=int, default=20, help="steps: every stroke and undo costs one")
     s.add_argument("--size", type=int, default=128, help="canvas side in pixels")
     s.add_argument("--out", default=None, help="folder for canvas.png, s_curve.png, strokes.jsonl (default runs/paint-<time>)")
-    s.set_defaults(func=cmd_draw)
+    s.set_defaults(func=lambda a: run_paint(a.ref, a.size, a.budget, a.out))
 
     s = sub.add_parser("bench", help="reconstruction (Table 3 style) or semantic-task benchmark")
     s.add_argument("--policy", required=True,
