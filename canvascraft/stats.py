@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from canvasagent.core.plotting import figure
 from canvascraft.build import load_manifest
 
 log = logging.getLogger(__name__)
@@ -75,35 +76,27 @@ def _bar(ax, counts: dict[str, int], title: str, top: int = 15) -> None:
 
 
 def plot(report: dict[str, Any], path: str | Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     t = report["totals"]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    _bar(axes[0][0], t.get("chains", {}), "chain mix (kept)")
-    skipped = {f"no backend: {k}": v for k, v in t.get("skipped_no_backend", {}).items()}
-    skipped.update({f"no source image: {k}": v for k, v in t.get("skipped_no_source_image", {}).items()})
-    _bar(axes[0][1], {**t.get("rejected", {}), **skipped}, "rejections / skipped draws")
-    if report["kind"] == "rl":
-        ax = axes[1][0]
-        levels = ("easy", "medium", "hard")
-        for i, axis in enumerate(("reasoning", "length", "diversity")):
-            vals = [t.get(axis, {}).get(lv, 0) for lv in levels]
-            ax.bar([i * 4 + j for j in range(3)], vals, color=["#66bb66", "#ddaa33", "#cc4444"])
-        ax.set_xticks([1, 5, 9], ["R", "L", "D"])
-        ax.set_title("R/L/D levels (easy/medium/hard)", fontsize=9)
-        lengths = t.get("steps", {})
-    else:
-        _bar(axes[1][0], t.get("groups", {}), "chain groups")
-        lengths = t.get("turns", {})
-    ax = axes[1][1]
-    ks = sorted(lengths, key=int)
-    ax.bar([int(k) for k in ks], [lengths[k] for k in ks], color="#888888")
-    ax.set_title("trajectory length (turns)" if report["kind"] == "sft" else "expected steps", fontsize=9)
-    rate = f"R/L/D target hit rate {report['target_hit_rate']}" if report["kind"] == "rl" else f"keep rate {report['keep_rate']}"
-    fig.suptitle(f"CanvasCraft {report['kind']}: {report['rows']} rows, {rate}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    with figure(path, 2, 2, figsize=(11, 7), save_dpi=90) as (fig, axes):
+        _bar(axes[0][0], t.get("chains", {}), "chain mix (kept)")
+        skipped = {f"no backend: {k}": v for k, v in t.get("skipped_no_backend", {}).items()}
+        skipped.update({f"no source image: {k}": v for k, v in t.get("skipped_no_source_image", {}).items()})
+        _bar(axes[0][1], {**t.get("rejected", {}), **skipped}, "rejections / skipped draws")
+        if report["kind"] == "rl":
+            ax = axes[1][0]
+            levels = ("easy", "medium", "hard")
+            for i, axis in enumerate(("reasoning", "length", "diversity")):
+                vals = [t.get(axis, {}).get(lv, 0) for lv in levels]
+                ax.bar([i * 4 + j for j in range(3)], vals, color=["#66bb66", "#ddaa33", "#cc4444"])
+            ax.set_xticks([1, 5, 9], ["R", "L", "D"])
+            ax.set_title("R/L/D levels (easy/medium/hard)", fontsize=9)
+            lengths = t.get("steps", {})
+        else:
+            _bar(axes[1][0], t.get("groups", {}), "chain groups")
+            lengths = t.get("turns", {})
+        ax = axes[1][1]
+        ks = sorted(lengths, key=int)
+        ax.bar([int(k) for k in ks], [lengths[k] for k in ks], color="#888888")
+        ax.set_title("trajectory length (turns)" if report["kind"] == "sft" else "expected steps", fontsize=9)
+        rate = f"R/L/D target hit rate {report['target_hit_rate']}" if report["kind"] == "rl" else f"keep rate {report['keep_rate']}"
+        fig.suptitle(f"CanvasCraft {report['kind']}: {report['rows']} rows, {rate}")

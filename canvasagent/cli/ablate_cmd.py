@@ -23,11 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from canvasagent.evaluation.ablation import AblationConfig, AblationRunner
 
-    try:
-        cfg = AblationConfig.load(args.grid)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = AblationConfig.load(args.grid)
     unknown = set(args.cell) - {c.name for c in cfg.cells}
     if unknown:
         print(f"error: no cell named {', '.join(sorted(unknown))} in {args.grid} ({', '.join(c.name for c in cfg.cells)})", file=sys.stderr)

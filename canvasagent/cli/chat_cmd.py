@@ -7,7 +7,6 @@ name) stroke by stroke in EASEL, with the step, S and the saved canvas shown aft
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from canvasagent.cli.common import add_tools_config_arg, parse_image_args
@@ -29,31 +28,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run_paint(args: argparse.Namespace) -> int:
-    from canvasagent.interactive.paint import (
-        PaintCommandError,
-        PaintSession,
-        load_reference,
-        paint_chat,
-    )
+def run_paint(ref: str, size: int, budget: int, out: str | None) -> int:
+    """You paint `ref` (`chat --easel`, `easel draw`): one stroke per line, with the step, S and the
+    saved canvas after each. A bad reference raises PaintCommandError for run_command to report."""
+    from canvasagent.interactive.paint import PaintSession, load_reference, paint_chat  # deferred: imports torch
 
-    out = args.out or f"runs/paint-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        ps = PaintSession(load_reference(args.easel, args.size), args.budget, out_dir=out)
-    except PaintCommandError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    paint_chat(ps)
+    out = out or f"runs/paint-{time.strftime('%Y%m%d-%H%M%S')}"
+    paint_chat(PaintSession(load_reference(ref, size), budget, out_dir=out))
     return 0
 
 
 def run(args: argparse.Namespace) -> int:
     if args.easel:
-        return run_paint(args)
+        return run_paint(args.easel, args.size, args.budget, args.out)
     from canvasagent.core.episode import EpisodeConfig
     from canvasagent.interactive.session import Session
     from canvasagent.interactive.terminal import TerminalChat
-    from canvasagent.policy_spec import PolicySpecError, build_policy
+    from canvasagent.policy_spec import build_policy
     from canvasagent.core.tasks import Task
     from toolserver.client import make_toolbox
 
@@ -65,11 +56,7 @@ def run(args: argparse.Namespace) -> int:
         except EOFError:
             instruction = ""
     task = Task(instruction, [images[k] for k in sorted(images)], id="chat")
-    try:
-        policy = build_policy(args.policy, task) if args.policy else None
-    except (PolicySpecError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    policy = build_policy(args.policy, task) if args.policy else None
     out = args.out or f"runs/chat-{time.strftime('%Y%m%d-%H%M%S')}"
     toolbox = make_toolbox(args.tools_config)
     try:

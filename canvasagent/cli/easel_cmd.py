@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from canvasagent.cli.chat_cmd import run_paint
+
 log = logging.getLogger(__name__)
 
 
@@ -32,21 +34,18 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_paint(args: argparse.Namespace) -> int:
-    import cv2
     from PIL import Image
 
     from canvasagent.easel import bench, render
     from canvasagent.easel.canvas import CanvasSession
     from canvasagent.easel.painter import paint
+    from canvasagent.interactive.paint import centre_square  # deferred, as the others: easel imports torch
     cfg = bench.load_config(args.config).painter
     if args.seed is not None:
         cfg = replace(cfg, seed=args.seed)
     ref = _load_image(args.ref)
     if args.size:
-        h, w = ref.shape[:2]
-        side = min(h, w)
-        ref = ref[(h - side) // 2:(h + side) // 2, (w - side) // 2:(w + side) // 2]
-        ref = cv2.resize(ref, (args.size, args.size), interpolation=cv2.INTER_AREA)
+        ref = centre_square(ref, args.size)
     if ref.shape[0] != ref.shape[1]:
         raise SystemExit("reference must be square (use --size N to centre-crop and resize)")
     out = Path(args.out)
@@ -65,20 +64,6 @@ def cmd_paint(args: argparse.Namespace) -> int:
     d = sess.diagnostics()
     (out / "summary.json").write_text(json.dumps({"seconds": res.seconds, **d.as_dict()}, indent=2))
     print(f"final S={d.final:.4f} best={d.best:.4f} AUC={d.auc:.4f} in {res.seconds:.1f}s -> {out}")
-    return 0
-
-
-def cmd_draw(args: argparse.Namespace) -> int:
-    """You paint: one stroke per line, with the step, S and the saved canvas after each."""
-    import time
-
-    from canvasagent.interactive.paint import PaintCommandError, PaintSession, load_reference, paint_chat
-    out = args.out or f"runs/paint-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        ps = PaintSession(load_reference(args.ref, args.size), args.budget, out_dir=out)
-    except PaintCommandError as e:
-        raise SystemExit(f"error: {e}") from None
-    paint_chat(ps)
     return 0
 
 
@@ -134,19 +119,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    import cv2
-
     from canvasagent.easel import bench, data
+    from canvasagent.interactive.paint import centre_square  # deferred, as the others: easel imports torch
     refs = []
     for p in args.refs:
         path = Path(p)
         files = sorted(f for f in path.iterdir() if f.suffix.lower() in (".png", ".jpg", ".jpeg")) if path.is_dir() else [path]
         for f in files:
-            img = _load_image(str(f))
-            h, w = img.shape[:2]
-            side = min(h, w)
-            img = img[(h - side) // 2:(h + side) // 2, (w - side) // 2:(w + side) // 2]
-            refs.append((f.stem, cv2.resize(img, (args.size, args.size), interpolation=cv2.INTER_AREA)))
+            refs.append((f.stem, centre_square(_load_image(str(f)), args.size)))
     if not refs:
         raise SystemExit("no reference images found")
     cfg = bench.load_config(args.config).painter
@@ -181,7 +161,7 @@ def register(subparsers) -> None:
     s.add_argument("--budget", type=int, default=20, help="steps: every stroke and undo costs one")
     s.add_argument("--size", type=int, default=128, help="canvas side in pixels")
     s.add_argument("--out", default=None, help="folder for canvas.png, s_curve.png, strokes.jsonl (default runs/paint-<time>)")
-    s.set_defaults(func=cmd_draw)
+    s.set_defaults(func=lambda a: run_paint(a.ref, a.size, a.budget, a.out))
 
     s = sub.add_parser("bench", help="reconstruction (Table 3 style) or semantic-task benchmark")
     s.add_argument("--policy", required=True,

@@ -8,7 +8,6 @@ import sys
 import time
 
 from canvasagent.cli.common import add_tools_config_arg
-from canvasagent.cli.errors import one_line
 
 log = logging.getLogger("canvasagent.eval")
 
@@ -43,10 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from canvasagent.evaluation.api import evaluate_policy
     from canvasagent.evaluation.report import metrics_table
     from canvasagent.evaluation.runner import EvalConfig
-    from canvasagent.evaluation.scoring import ScorerUnavailable
-    from canvasagent.evaluation.tasks_io import TaskLoadError
     from canvasagent.core.policies.guards import GuardConfig
-    from canvasagent.policy_spec import PolicySpecError
 
     console = Console(stderr=True)
     cfg = EvalConfig(
@@ -76,14 +72,10 @@ def run(args: argparse.Namespace) -> int:
                 seen["logged"] = tenth
                 log.info("eval: %d/%d tasks, %.0f s elapsed", done, total, time.monotonic() - t0)
 
-        try:
-            outcome = evaluate_policy(
-                args.policy, args.tasks, args.out, args.judge, args.preset, cfg, args.limit, progress=progress,
-                judge_model=args.judge_model, judge_url=args.judge_url,
-            )
-        except (PolicySpecError, TaskLoadError, ScorerUnavailable, OSError) as e:
-            print(one_line(e), file=sys.stderr)
-            return 2
+        outcome = evaluate_policy(
+            args.policy, args.tasks, args.out, args.judge, args.preset, cfg, args.limit, progress=progress,
+            judge_model=args.judge_model, judge_url=args.judge_url,
+        )
     log.info("eval: %d/%d tasks done in %.1f s (%d with errors); report %s", outcome.n_done, outcome.n_tasks,
              time.monotonic() - t0, seen["errors"], outcome.paths["markdown"])
     print(metrics_table({args.policy: outcome.summary.metrics}))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 
@@ -20,19 +19,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from canvasagent.evaluation.agent import build_agent
-    from canvasagent.policy_spec import PolicySpecError
 
     out = args.out or f"runs/evaluate-{time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        agent = build_agent(args.target, out, args.planner, args.config, args.tools_config)
-    except (PolicySpecError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    agent = build_agent(args.target, out, args.planner, args.config, args.tools_config)
     try:
         result = agent.run(args.question)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     finally:
         agent.close()
     print(f"[plan] {result.plan.thought} ({result.plan.source})")

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
 
 from canvasagent.cli.common import add_tools_config_arg, parse_image_args
 from toolserver.config import ToolsConfig
 from toolserver.client import make_toolbox
 from canvasagent.core.formats.sharegpt import FormatError, is_sharegpt, iter_records, read_record
-from canvasagent.core.imageio import ImageLoadError
 from canvasagent.replay import from_public, from_trajectory, replay, write_report
 from canvasagent.core.trajectory import Trajectory
 
@@ -53,11 +50,7 @@ def _load_input(args: argparse.Namespace):
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    try:
-        rin = _load_input(args)
-    except (FormatError, ImageLoadError, json.JSONDecodeError, OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    rin = _load_input(args)
     toolbox = make_toolbox(ToolsConfig.load(args.tools_config))
     traj, report = replay(rin, toolbox)
     path = write_report(traj, report, args.out)

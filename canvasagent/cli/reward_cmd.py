@@ -14,6 +14,8 @@ import logging
 import sys
 from pathlib import Path
 
+from canvasagent.core.plotting import figure
+
 log = logging.getLogger(__name__)
 
 _CHART_KEYS = ("hybrid", "align", "aes", "traj", "rule", "rule/format", "rule/action", "rule/p_eff")
@@ -95,11 +97,6 @@ def _single(args: argparse.Namespace) -> int:
 
 def write_batch(rows: list[tuple[str, dict[str, float]]], out: Path, title: str = "") -> tuple[Path, Path]:
     """Write rewards.csv and rewards.png (component means) for scored trajectories."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out.mkdir(parents=True, exist_ok=True)
     keys: list[str] = []
     for _, flat in rows:
@@ -113,17 +110,14 @@ def write_batch(rows: list[tuple[str, dict[str, float]]], out: Path, title: str 
             w.writerow([name, *(f"{flat[k]:.6g}" if k in flat else "" for k in head)])
     names = [k for k in _CHART_KEYS if k in keys]
     means = [sum(f.get(k, 0.0) for _, f in rows) / max(1, len(rows)) for k in names]
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    bars = ax.bar(names, means, color=["#444"] + ["#4c72b0"] * 4 + ["#8fa8d8"] * 3)
-    ax.bar_label(bars, fmt="%.3f", fontsize=8)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("mean")
-    ax.set_title(title or f"reward components (n={len(rows)})")
-    ax.tick_params(axis="x", labelrotation=20)
-    fig.tight_layout()
     png_path = out / "rewards.png"
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    with figure(png_path, figsize=(8, 3.5), save_dpi=120) as (fig, ax):
+        bars = ax.bar(names, means, color=["#444"] + ["#4c72b0"] * 4 + ["#8fa8d8"] * 3)
+        ax.bar_label(bars, fmt="%.3f", fontsize=8)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("mean")
+        ax.set_title(title or f"reward components (n={len(rows)})")
+        ax.tick_params(axis="x", labelrotation=20)
     return csv_path, png_path
 
 

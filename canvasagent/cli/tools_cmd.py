@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from canvasagent.cli.common import add_tools_config_arg, parse_image_args
-from canvasagent.core.imageio import ImageLoadError
 from canvasagent.core.tasks import Task
 from toolserver.client import make_toolbox
 from toolserver.config import ToolsConfig
@@ -52,11 +51,7 @@ def cmd_call(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as e:
         print(f"error: --args is not valid JSON: {e}", file=sys.stderr)
         return 2
-    try:
-        images = parse_image_args(args.image)
-    except ImageLoadError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    images = parse_image_args(args.image)
     toolbox = make_toolbox(ToolsConfig.load(args.tools_config))
     ep = Episode(toolbox, EpisodeConfig(max_turns=1))
     ep.reset(Task("tools call", [images[k] for k in sorted(images)]))

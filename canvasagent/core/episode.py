@@ -59,13 +59,18 @@ class StepResult:
     done: bool
 
 
-def user_message(task: Task) -> Message:
+def user_content(task: Task, images: bool = False) -> list[dict[str, Any]]:
+    """The user turn: "img_i:" and each image, then the instruction. The images are placeholders
+    (training rows: TRL fills them from the row's `images`) unless `images`, as a policy is shown them."""
     content: list[dict[str, Any]] = []
     for i, img in enumerate(task.images, start=1):
-        content.append({"type": "text", "text": f"img_{i}:"})
-        content.append({"type": "image", "image": img})
+        content += [{"type": "text", "text": f"img_{i}:"}, {"type": "image", "image": img} if images else {"type": "image"}]
     content.append({"type": "text", "text": task.instruction})
-    return {"role": "user", "content": content}
+    return content
+
+
+def user_message(task: Task) -> Message:
+    return {"role": "user", "content": user_content(task, images=True)}
 
 
 def observation_message(text: str, image: Image.Image | None) -> Message:

@@ -22,6 +22,9 @@ from typing import Any, Sequence
 import numpy as np
 import yaml
 
+from canvasagent.core.plotting import figure
+from canvasagent.evaluation.report import markdown_table
+
 from . import anchors, metrics, parallel, render, tasks
 from .canvas import CanvasSession
 from .painter import PainterConfig, paint
@@ -189,51 +192,36 @@ def format_table(results: Sequence[EpisodeResult], wall: float | None = None) ->
     cats = list(tasks.CATEGORIES)
     head = ["policy", "budget"] + [tasks.CATEGORIES[c].label for c in cats] + \
         ["Final", "@50%", "AUC", "Best", "F-B Gap", "EdgeIoU", "s/ep"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     f3 = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    for row in summarise(results):
-        cells = [row["policy"], row["mode"]] + [f3(row[c]) for c in cats] + \
-            [f3(row[k]) for k in ("final", "at50", "auc", "best", "fb_gap", "edge_iou")] + \
-            [f"{row['seconds_per_episode']:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
+    table = markdown_table(head, ([row["policy"], row["mode"]] + [f3(row[c]) for c in cats] +
+                                  [f3(row[k]) for k in ("final", "at50", "auc", "best", "fb_gap", "edge_iou")] +
+                                  [f"{row['seconds_per_episode']:.1f}"] for row in summarise(results)))
     if wall is not None:
-        lines.append(f"\nwall time: {wall:.1f}s for {len(results)} episodes")
-    return "\n".join(lines) + "\n"
+        table += f"\n\nwall time: {wall:.1f}s for {len(results)} episodes"
+    return table + "\n"
 
 
 def plot_curves(results: Sequence[EpisodeResult], path: str | Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
     grid = np.linspace(0, 1, 101)
-    for (pol, mode) in sorted({(r.policy, r.mode) for r in results}):
-        for c in tasks.CATEGORIES:
-            rs = [r for r in results if r.policy == pol and r.mode == mode and r.category == c and r.curve]
-            if not rs:
-                continue
-            ys = [np.interp(grid, np.linspace(0, 1, len(r.curve)) if len(r.curve) > 1 else [0, 1],
-                            r.curve if len(r.curve) > 1 else r.curve * 2) for r in rs]
-            ax.plot(grid * 100, np.mean(ys, 0), label=f"{pol}/{mode}/{c}")
-    ax.set_xlabel("progress (% of budget)")
-    ax.set_ylabel("similarity S")
-    ax.set_ylim(0, 1)
-    if ax.get_legend_handles_labels()[0]:  # episodes without a stroke draw no curve
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(6, 4), save_dpi=120) as (fig, ax):
+        for (pol, mode) in sorted({(r.policy, r.mode) for r in results}):
+            for c in tasks.CATEGORIES:
+                rs = [r for r in results if r.policy == pol and r.mode == mode and r.category == c and r.curve]
+                if not rs:
+                    continue
+                ys = [np.interp(grid, np.linspace(0, 1, len(r.curve)) if len(r.curve) > 1 else [0, 1],
+                                r.curve if len(r.curve) > 1 else r.curve * 2) for r in rs]
+                ax.plot(grid * 100, np.mean(ys, 0), label=f"{pol}/{mode}/{c}")
+        ax.set_xlabel("progress (% of budget)")
+        ax.set_ylabel("similarity S")
+        ax.set_ylim(0, 1)
+        if ax.get_legend_handles_labels()[0]:  # episodes without a stroke draw no curve
+            ax.legend(fontsize=6)
 
 
 def plot_single_curve(curve: Sequence[float], path: str | Path, title: str = "") -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5, 3))
-    ax.plot(np.arange(1, len(curve) + 1), curve)
-    ax.set_xlabel("step")
-    ax.set_ylabel("S")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(5, 3), save_dpi=120) as (fig, ax):
+        ax.plot(np.arange(1, len(curve) + 1), curve)
+        ax.set_xlabel("step")
+        ax.set_ylabel("S")
+        ax.set_title(title)

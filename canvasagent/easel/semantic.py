@@ -20,6 +20,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from canvasagent.core.plotting import figure
+from canvasagent.evaluation.report import markdown_table
+
 from . import heuristics, render, tasks
 from .canvas import CanvasSession
 
@@ -125,35 +128,28 @@ def format_table(results: Sequence[SemanticResult]) -> str:
     rows = summarise(results)
     pols = sorted({r["policy"] for r in rows}, key=lambda p: (POLICIES.index(p) if p in POLICIES else 99, p))
     head = ["task", "metric", "budget"] + pols
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = []
     for task in [t for t in TASK_NAMES if any(r["task"] == t for r in rows)] + \
             sorted({r["task"] for r in rows} - set(TASK_NAMES)):
         cells = [task, METRIC.get(task, "score"), str(next(r["budget"] for r in rows if r["task"] == task))]
         for p in pols:
             m = [r for r in rows if r["task"] == task and r["policy"] == p]
             cells.append("-" if not m else f"{m[0]['score']:.3f} ({m[0]['steps']:.0f}/{m[0]['rejected']:.0f})")
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("\nscore (mean steps used / mean rejected strokes)")
-    return "\n".join(lines) + "\n"
+        table.append(cells)
+    return markdown_table(head, table) + "\n\nscore (mean steps used / mean rejected strokes)\n"
 
 
 def plot(results: Sequence[SemanticResult], path: str | Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     rows = summarise(results)
     task_list = [t for t in TASK_NAMES if any(r["task"] == t for r in rows)]
     pols = sorted({r["policy"] for r in rows})
-    fig, ax = plt.subplots(figsize=(7, 3.5))
     width = 0.8 / max(1, len(pols))
-    for i, p in enumerate(pols):
-        ys = [next((r["score"] for r in rows if r["task"] == t and r["policy"] == p), 0.0) for t in task_list]
-        ax.bar(np.arange(len(task_list)) + i * width, ys, width, label=p)
-    ax.set_xticks(np.arange(len(task_list)) + width * (len(pols) - 1) / 2)
-    ax.set_xticklabels(task_list, fontsize=8)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("score")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    with figure(path, figsize=(7, 3.5), save_dpi=120) as (fig, ax):
+        for i, p in enumerate(pols):
+            ys = [next((r["score"] for r in rows if r["task"] == t and r["policy"] == p), 0.0) for t in task_list]
+            ax.bar(np.arange(len(task_list)) + i * width, ys, width, label=p)
+        ax.set_xticks(np.arange(len(task_list)) + width * (len(pols) - 1) / 2)
+        ax.set_xticklabels(task_list, fontsize=8)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("score")
+        ax.legend(fontsize=7)

@@ -108,25 +108,23 @@ def _draw_shape(img: np.ndarray, rng: np.random.Generator, kind: str, s: int, sc
         cv2.line(img, (cx, cy), (x2, y2), col, max(1, int(0.03 * s)), aa)
 
 
+def _flat_shapes(rng: np.random.Generator, res: int, p_white: float, n_lo: int, n_hi: int, scale: float) -> np.ndarray:
+    """n_lo..n_hi-1 shapes on a flat background, white with probability `p_white`."""
+    img = np.zeros((res, res, 3), np.uint8)
+    img[:] = (255, 255, 255) if rng.random() < p_white else _rand_color(rng)
+    for _ in range(int(rng.integers(n_lo, n_hi))):
+        _draw_shape(img, rng, str(rng.choice(["circle", "rect", "triangle", "ellipse", "line"])), res, scale)
+    return img.astype(np.float32) / 255.0
+
+
 def make_programmatic(seed: int, res: int = 64) -> np.ndarray:
     """1-3 flat shapes on a flat background (clean geometric baseline)."""
-    rng = np.random.default_rng([seed, 1])
-    bg = (255, 255, 255) if rng.random() < 0.5 else _rand_color(rng)
-    img = np.zeros((res, res, 3), np.uint8)
-    img[:] = bg
-    for _ in range(int(rng.integers(1, 4))):
-        _draw_shape(img, rng, str(rng.choice(["circle", "rect", "triangle", "ellipse", "line"])), res, 1.3)
-    return img.astype(np.float32) / 255.0
+    return _flat_shapes(np.random.default_rng([seed, 1]), res, 0.5, 1, 4, 1.3)
 
 
 def make_spatial(seed: int, res: int = 128) -> np.ndarray:
     """Multi-object layout: 4-8 overlapping shapes on a flat background."""
-    rng = np.random.default_rng([seed, 2])
-    img = np.zeros((res, res, 3), np.uint8)
-    img[:] = (255, 255, 255) if rng.random() < 0.4 else _rand_color(rng)
-    for _ in range(int(rng.integers(4, 9))):
-        _draw_shape(img, rng, str(rng.choice(["circle", "rect", "triangle", "ellipse", "line"])), res, 0.8)
-    return img.astype(np.float32) / 255.0
+    return _flat_shapes(np.random.default_rng([seed, 2]), res, 0.4, 4, 9, 0.8)
 
 
 def make_abstract(seed: int, res: int = 128) -> np.ndarray:

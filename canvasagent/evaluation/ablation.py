@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from canvasagent.core.plotting import figure
 from canvasagent.evaluation.metrics import paired_difference, summarize
 from canvasagent.evaluation.report import markdown_table, metrics_table, write_report
 from canvasagent.stage_runner import StagedRun
@@ -372,8 +373,8 @@ class AblationRunner:
     def write(self, results: dict[str, CellResult], failures: dict[str, str]) -> dict[str, Any]:
         rows = {c.name: results[c.name].metrics for c in self.cfg.cells if c.name in results}
         table = metrics_table(rows)
-        extra = ["", "| Setting | Success | Valid replies | Minutes |", "|---|---|---|---|"]
-        extra += [f"| {n} | {r.success_rate:.3f} | {r.valid_reply_rate:.3f} | {r.seconds / 60:.1f} |" for n, r in results.items()]
+        extra = ["", markdown_table(["Setting", "Success", "Valid replies", "Minutes"],
+                                    ([n, f"{r.success_rate:.3f}", f"{r.valid_reply_rate:.3f}", f"{r.seconds / 60:.1f}"] for n, r in results.items()))]
         notes = [f"- {n}: FAILED — {msg.splitlines()[0]}" for n, msg in failures.items()]
         md = f"# Ablation: {self.cfg.name}\n\nEvaluated with the `{self.cfg.eval.preset}` reward, {self.cfg.eval.judge} judges.\n\n{table}\n" + "\n".join(extra) + "\n"
         paired = paired_against(self.out, list(results), REFERENCE_CELL) if REFERENCE_CELL in results else {}
@@ -392,11 +393,6 @@ class AblationRunner:
 
     def curves(self) -> Path | None:
         """Training curves of every run: SFT loss and each cell's GRPO reward, from metrics.jsonl."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         series: dict[str, list[tuple[int, float]]] = {}
         for name, path, key in [("SFT loss", self.out / "sft" / "metrics.jsonl", "loss")] + [
             (c.name, self.out / "cells" / slug(c.name) / "grpo" / "metrics.jsonl", "reward") for c in self.cfg.cells if c.grpo
@@ -414,18 +410,15 @@ class AblationRunner:
                     series[name] = pts
         if not series:
             return None
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.5), dpi=100)
-        for name, pts in series.items():
-            ax = axes[0] if name == "SFT loss" else axes[1]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="." if len(pts) < 40 else None)
-        axes[0].set_title("SFT loss")
-        axes[1].set_title("GRPO reward (training preset)")
-        for ax in axes:
-            ax.set_xlabel("step")
-            if ax.lines:
-                ax.legend(fontsize=7)
-        fig.tight_layout()
         path = self.out / "curves.png"
-        fig.savefig(path)
-        plt.close(fig)
+        with figure(path, 1, 2, figsize=(10, 3.5), dpi=100) as (fig, axes):
+            for name, pts in series.items():
+                ax = axes[0] if name == "SFT loss" else axes[1]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="." if len(pts) < 40 else None)
+            axes[0].set_title("SFT loss")
+            axes[1].set_title("GRPO reward (training preset)")
+            for ax in axes:
+                ax.set_xlabel("step")
+                if ax.lines:
+                    ax.legend(fontsize=7)
         return path

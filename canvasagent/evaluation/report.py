@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from canvasagent.core.plotting import figure
 from canvasagent.evaluation.metrics import PAPER_METRICS, Summary, TaskResult
 
 
@@ -64,23 +65,15 @@ def render_markdown(summary: Summary, title: str, setting: str) -> str:
 
 
 def bar_chart(values: Mapping[str, float], path: Path, title: str, ylim: tuple[float, float] | None = (0, 1.1)) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless: reports are written on servers and in CI
-    import matplotlib.pyplot as plt
-
     names = list(values)
     ys = [0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else float(v) for v in values.values()]
-    fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(names) + 1), 3.2), dpi=100)
-    bars = ax.bar(names, ys, color="#4C72B0")
-    ax.bar_label(bars, fmt="%.2f", fontsize=8)
-    ax.set_title(title)
-    if ylim:
-        ax.set_ylim(*ylim)
-    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    with figure(path, figsize=(max(4, 0.9 * len(names) + 1), 3.2), dpi=100) as (fig, ax):
+        bars = ax.bar(names, ys, color="#4C72B0")
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+        ax.set_title(title)
+        if ylim:
+            ax.set_ylim(*ylim)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     return path
 
 

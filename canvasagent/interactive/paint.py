@@ -46,7 +46,6 @@ class PaintCommandError(ValueError):
 def load_reference(source: str | Path, size: int = 128) -> np.ndarray:
     """A square float RGB reference in [0, 1], `size` x `size`: a scikit-image sample name
     (`SAMPLES`) or an image file, centre-cropped. Raises PaintCommandError for anything else."""
-    import cv2
     from PIL import Image
 
     if not 16 <= int(size) <= 1024:
@@ -66,10 +65,16 @@ def load_reference(source: str | Path, size: int = 128) -> np.ndarray:
             raise PaintCommandError(f"{path} is not a readable image ({e})") from None
     if arr.ndim == 2:
         arr = np.stack([arr] * 3, axis=-1)
-    img = arr[..., :3].astype(np.float32) / 255.0
+    return centre_square(arr[..., :3].astype(np.float32) / 255.0, size)
+
+
+def centre_square(img: np.ndarray, size: int) -> np.ndarray:
+    """The largest centred square of `img`, resized (INTER_AREA) to `size` x `size`."""
+    import cv2
+
     h, w = img.shape[:2]
     side = min(h, w)
-    img = img[(h - side) // 2:(h - side) // 2 + side, (w - side) // 2:(w - side) // 2 + side]
+    img = img[(h - side) // 2:(h + side) // 2, (w - side) // 2:(w + side) // 2]
     return cv2.resize(img, (int(size), int(size)), interpolation=cv2.INTER_AREA)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from canvasagent.core.plotting import figure
 from canvasagent.core.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -89,35 +90,27 @@ def _label(key: str) -> str:
 def plot_curves(history: list[dict[str, Any]], path: Path, title: str = "") -> Path | None:
     """One panel per diagnostic in `PANELS` that has data: each key raw (thin) and smoothed (EMA,
     solid). Returns the PNG path, or None when nothing was logged."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless: training machines have no display
-    import matplotlib.pyplot as plt
-
     panels = curve_panels(history)
     if not panels:
         return None
     ncols = min(3, len(panels))
     nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.3 * nrows), squeeze=False)
-    flat = [ax for row in axes for ax in row]
-    for ax, (panel, keys) in zip(flat, panels.items()):
-        for i, k in enumerate(keys):
-            xs, ys = _series(history, k)
-            color = f"C{i % 10}"
-            ax.plot(xs, ys, color=color, alpha=0.35, linewidth=0.8, marker="." if len(xs) < 40 else None)
-            ax.plot(xs, ema(ys), color=color, linewidth=1.6, label=_label(k))
-        ax.set_xlabel("step")
-        ax.set_title(panel, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    for ax in flat[len(panels):]:
-        ax.axis("off")
-    fig.suptitle((title + "  " if title else "") + f"(thin: raw, solid: EMA {EMA_WEIGHT})", fontsize=9)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    with figure(path, nrows, ncols, figsize=(5.2 * ncols, 3.3 * nrows), squeeze=False, save_dpi=80) as (fig, axes):
+        flat = [ax for row in axes for ax in row]
+        for ax, (panel, keys) in zip(flat, panels.items()):
+            for i, k in enumerate(keys):
+                xs, ys = _series(history, k)
+                color = f"C{i % 10}"
+                ax.plot(xs, ys, color=color, alpha=0.35, linewidth=0.8, marker="." if len(xs) < 40 else None)
+                ax.plot(xs, ema(ys), color=color, linewidth=1.6, label=_label(k))
+            ax.set_xlabel("step")
+            ax.set_title(panel, fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6)
+        for ax in flat[len(panels):]:
+            ax.axis("off")
+        fig.suptitle((title + "  " if title else "") + f"(thin: raw, solid: EMA {EMA_WEIGHT})", fontsize=9)
     return path
 
 

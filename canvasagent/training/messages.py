@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from canvasagent.core.episode import user_content
 from canvasagent.core.image_budget import apply_image_budget
 from canvasagent.core.protocol import parse_reply, render_system_prompt
 from canvasagent.core.tasks import Task
@@ -51,15 +52,6 @@ def system_text(processor: Any, tool_fns: list[Callable], family: str = "canvasa
     if not rendered.startswith(start):
         raise ValueError("the chat template does not open with a system turn; only Qwen3-VL-style templates are supported")
     return rendered[len(start) : rendered.index("<|im_end|>")]
-
-
-def user_content(task: Task) -> list[dict[str, Any]]:
-    """User turn with image placeholders (filled from the row's `images` by TRL)."""
-    content: list[dict[str, Any]] = []
-    for i in range(1, len(task.images) + 1):
-        content += [{"type": "text", "text": f"img_{i}:"}, {"type": "image"}]
-    content.append({"type": "text", "text": task.instruction})
-    return content
 
 
 def prompt_messages(task: Task, family: str = "canvasagent") -> list[Message]:

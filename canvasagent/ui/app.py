@@ -29,6 +29,7 @@ from canvasagent.ui.controller import (
     UIState,
     View,
     example_files,
+    write_once,
 )
 
 ALL = "(all)"  # the Step and Group pickers' "no filter" choice
@@ -61,12 +62,7 @@ class _Viewer:
     def still(self, path: Path) -> str:
         data = path.read_bytes()
         out = self.cache / f"{hashlib.sha1(data).hexdigest()[:20]}{path.suffix or '.png'}"
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_suffix(".tmp")
-            shutil.copyfile(path, tmp)
-            tmp.replace(out)
-        return str(out)
+        return str(write_once(out, lambda tmp: shutil.copyfile(path, tmp)))
 
     def load(self, folder: str, scale: str) -> tuple[R.RolloutSet | None, str]:
         try:

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,17 +78,23 @@ EXAMPLES: tuple[Example, ...] = (
 )
 
 
+def write_once(path: Path, write: Callable[[Path], Any]) -> Path:
+    """`path`, made by `write(temp file)` and a rename unless it exists: the files the page serves
+    are never rewritten, so a browser fetching one never gets half of it."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        write(tmp)
+        tmp.replace(path)
+    return path
+
+
 def example_files(example: Example, folder: str | Path) -> list[str]:
     """The example's image written once under `folder` (no network: the photos ship with scikit-image)."""
     import skimage.data
 
     path = Path(folder) / f"{example.sample}.png"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        Image.fromarray(getattr(skimage.data, example.sample)()).save(tmp, format="PNG")
-        tmp.replace(path)
-    return [str(path)]
+    return [str(write_once(path, lambda tmp: Image.fromarray(getattr(skimage.data, example.sample)()).save(tmp, format="PNG")))]
 
 
 @dataclass
@@ -210,13 +216,7 @@ class UIController:
         if st.dir is None:
             return image
         digest = hashlib.sha1(f"{image.mode}{image.size}".encode() + image.tobytes()).hexdigest()[:20]
-        path = st.dir / "view" / f"{digest}.png"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            image.save(tmp, format="PNG")
-            tmp.replace(path)
-        return str(path)
+        return str(write_once(st.dir / "view" / f"{digest}.png", lambda tmp: image.save(tmp, format="PNG")))
 
     @staticmethod
     def _exports(st: UIState) -> list[str]:
@@ -227,11 +227,8 @@ class UIController:
         export = st.dir / "export"
         export.mkdir(parents=True, exist_ok=True)
         version = f"{len(s.trajectory.turns):03d}-{len(s.trajectory.meta.get('rollbacks', []))}-{s.trajectory.stop_reason}"
-        traj_file = export / f"trajectory-{version}.json"
-        if not traj_file.exists():
-            tmp = traj_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(s.trajectory.to_dict(), indent=2, ensure_ascii=False, default=str))
-            tmp.replace(traj_file)
+        traj_file = write_once(export / f"trajectory-{version}.json",
+                               lambda tmp: tmp.write_text(json.dumps(s.trajectory.to_dict(), indent=2, ensure_ascii=False, default=str)))
         files = [str(traj_file)]
         final = s.trajectory.final_asset()
         if final is not None:
