@@ -28,18 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run_paint(ref: str, size: int, budget: int, out: str | None) -> int:
-    """You paint `ref` (`chat --easel`, `easel draw`): one stroke per line, with the step, S and the
-    saved canvas after each. A bad reference raises PaintCommandError for run_command to report."""
-    from canvasagent.interactive.paint import PaintSession, load_reference, paint_chat  # deferred: imports torch
-
-    out = out or f"runs/paint-{time.strftime('%Y%m%d-%H%M%S')}"
-    paint_chat(PaintSession(load_reference(ref, size), budget, out_dir=out))
-    return 0
-
-
 def run(args: argparse.Namespace) -> int:
     if args.easel:
+        from canvasagent.interactive.paint import run_paint  # deferred: imports torch
+
         return run_paint(args.easel, args.size, args.budget, args.out)
     from canvasagent.core.episode import EpisodeConfig
     from canvasagent.interactive.session import Session

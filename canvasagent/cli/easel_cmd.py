@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-from canvasagent.cli.chat_cmd import run_paint
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +76,12 @@ def _check_policy(policy: str, suite: str) -> None:
     allowed = RECON_POLICIES if suite == "reconstruction" else SEMANTIC_POLICIES
     if policy not in allowed:
         raise SystemExit(f"--policy for the {suite} suite must be one of {', '.join(allowed)} or agent:SPEC")
+
+
+def cmd_draw(args: argparse.Namespace) -> int:
+    from canvasagent.interactive.paint import run_paint  # deferred, as the others: easel imports torch
+
+    return run_paint(args.ref, args.size, args.budget, args.out)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -161,7 +166,7 @@ def register(subparsers) -> None:
     s.add_argument("--budget", type=int, default=20, help="steps: every stroke and undo costs one")
     s.add_argument("--size", type=int, default=128, help="canvas side in pixels")
     s.add_argument("--out", default=None, help="folder for canvas.png, s_curve.png, strokes.jsonl (default runs/paint-<time>)")
-    s.set_defaults(func=lambda a: run_paint(a.ref, a.size, a.budget, a.out))
+    s.set_defaults(func=cmd_draw)
 
     s = sub.add_parser("bench", help="reconstruction (Table 3 style) or semantic-task benchmark")
     s.add_argument("--policy", required=True,

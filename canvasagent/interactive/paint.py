@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,3 +210,12 @@ def paint_chat(ps: PaintSession, input_fn: Any = None, show: Any = print) -> Pai
         show(f"{step.tool}: {r.message} · {ps.status()}{where}")
     show(f"done: S={ps.s:.4f} after {ps.canvas_session.steps_used} step(s)" + (f"; saved in {ps.out_dir}" if ps.out_dir else ""))
     return ps
+
+
+def run_paint(ref: str, size: int, budget: int, out: str | None) -> int:
+    """`chat --easel REF` and `easel draw REF`: you paint `ref` in the terminal (`paint_chat`) into
+    `out` (default runs/paint-<time>); returns exit code 0. A bad reference raises
+    PaintCommandError, which the CLI's run_command reports."""
+    out = out or f"runs/paint-{time.strftime('%Y%m%d-%H%M%S')}"
+    paint_chat(PaintSession(load_reference(ref, size), budget, out_dir=out))
+    return 0
