@@ -53,8 +53,14 @@ def paired_grpo_gain(results: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 def paired_table(gain: dict[str, dict[str, float]]) -> str:
     cells = [[name, int(g["n"]), f"{g['mean_diff']:+.3f}", f"{g['se']:.3f}", f"{int(g['wins'])}/{int(g['losses'])}",
-              "yes" if g["mean_diff"] > 2 * g["se"] else "no"] for name, g in gain.items()]
-    return markdown_table(["decoding: tasks", "n", "GRPO - SFT hybrid", "se", "up/down", "> 2 se"], cells)
+              _beyond_2se(g)] for name, g in gain.items()]
+    return markdown_table(["decoding: tasks", "n", "GRPO - SFT hybrid", "se", "up/down", "beyond 2 se"], cells)
+
+
+def _beyond_2se(g: dict[str, float]) -> str:
+    if abs(g["mean_diff"]) <= 2 * g["se"]:
+        return "no"
+    return "up" if g["mean_diff"] > 0 else "down"
 
 
 def _history(path: Path) -> list[dict[str, Any]]:

@@ -58,8 +58,17 @@ def test_report_pairs_grpo_with_sft_per_source(tmp_path: Path):
 
     out = write_report(tmp_path, {"eval_sft": sft, "eval_grpo": grpo})
     md = Path(out["markdown"]).read_text()
-    assert "| greedy: canvascraft | 2 | +0.400 | 0.000 | 2/0 | yes |" in md
+    assert "| greedy: canvascraft | 2 | +0.400 | 0.000 | 2/0 | up |" in md
+    assert "| sampled: scripted | 2 | +0.050 | 0.050 | 1/0 | no |" in md
     assert json.loads(Path(out["json"]).read_text())["grpo_vs_sft"]["greedy: scripted"]["losses"] == 1
+
+
+def test_paired_table_says_which_way_a_difference_beyond_2_se_goes():
+    from canvasagent.training.report import paired_table
+
+    down = paired_difference([{"hybrid": 0.9}, {"hybrid": 0.8}, {"hybrid": 0.7}], [{"hybrid": 0.5}, {"hybrid": 0.3}, {"hybrid": 0.3}])
+    assert down["mean_diff"] < -2 * down["se"]
+    assert paired_table({"greedy: all": down}).splitlines()[-1].endswith("| 0/3 | down |")
 
 
 def test_report_leaves_out_the_table_when_the_tasks_do_not_pair(tmp_path: Path):
