@@ -12,6 +12,10 @@ holds, without calling the stage; a stage that raised or was killed left none an
 (resuming what it kept in its folder is its own business: `train` resumes from the last
 checkpoint).
 
+The training stage comes in two forms: `train(cfg)`, run in this process or isolated, and
+`train_command(...)`, the `canvasagent.train` command line under a launcher of choice (the
+ablation grid's, so a grid can train across GPUs with `accelerate launch`).
+
 `run_stage` runs one callable, in this process or with `isolate` in a fresh Python
 subprocess. A subprocess bounds a stage's memory by the stage alone: whatever it loaded (tool
 backends, torch, TRL state) and whatever the allocator kept of what it freed goes back to the
@@ -268,6 +272,40 @@ def train(cfg: Any) -> dict[str, Any]:
 
     cfg.run.resume = True
     return {k: v for k, v in run(cfg).items() if k != "log_history"}
+
+
+def _set_args(overrides: dict[str, Any]) -> list[str]:
+    """`--set key=value` pairs for `canvasagent.train`: None as null, non-text values as JSON."""
+    out = []
+    for k, v in overrides.items():
+        out += ["--set", f"{k}={'null' if v is None else json.dumps(v) if not isinstance(v, str) else v}"]
+    return out
+
+
+def train_command(kind: str, config: str, out: Path, overrides: dict[str, Any], log_path: Path,
+                  launcher: list[str] | None = None) -> Path:
+    """The training stage as a command: `LAUNCHER -m canvasagent.train KIND --config CONFIG
+    --output-dir OUT --set k=v ...`, LAUNCHER this Python or one that spans devices (`accelerate
+    launch ...`). Its output is appended to `log_path`; it resumes when OUT holds a checkpoint.
+    Returns OUT/final; a nonzero exit or a run that left no OUT/final raises `StageFailed` with
+    the log's tail."""
+    cmd = list(launcher or [sys.executable]) + ["-m", "canvasagent.train", kind, "--config", config, "--output-dir", str(out)]
+    cmd += _set_args(overrides)
+    if any(out.glob("checkpoint-*")):
+        cmd.append("--resume")  # an interrupted run continues from its last save
+    out.mkdir(parents=True, exist_ok=True)
+    log.info("training %s: %s", kind, " ".join(cmd))
+    with open(log_path, "a") as fh:
+        fh.write(f"\n$ {' '.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=_child_env())
+    if proc.returncode != 0:
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
+        raise StageFailed(f"{kind} training failed (exit {proc.returncode}); see {log_path}:\n{tail}")
+    final = out / "final"
+    if not final.exists():
+        raise StageFailed(f"{kind} training finished without {final}; see {log_path}")
+    return final
 
 
 class StagedRun:

@@ -23,11 +23,10 @@ every finished stage and resumes unfinished training):
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
-import subprocess
-import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -35,7 +34,7 @@ from typing import Any, Callable
 from canvasagent.core.plotting import figure
 from canvasagent.evaluation.metrics import paired_difference, summarize
 from canvasagent.evaluation.report import markdown_table, metrics_table, write_report
-from canvasagent.stage_runner import StagedRun
+from canvasagent.stage_runner import StagedRun, StageFailed, train_command
 from rewards.hybrid import canonical_scores
 from toolserver.config import find_config, from_dict, load_yaml
 
@@ -143,40 +142,13 @@ def paired_table(paired: dict[str, dict[str, dict[str, float]]], reference: str)
     return markdown_table([f"Setting - {reference}", *PAIRED_COLUMNS], cells)
 
 
-def _set_args(overrides: dict[str, Any]) -> list[str]:
-    out = []
-    for k, v in overrides.items():
-        out += ["--set", f"{k}={'null' if v is None else json.dumps(v) if not isinstance(v, str) else v}"]
-    return out
-
-
 # A trainer: (kind, config, output_dir, overrides, log_path) -> final checkpoint dir.
 Trainer = Callable[[str, str, Path, dict[str, Any], Path], Path]
 
 
 def cli_trainer(launcher: list[str] | None = None) -> Trainer:
-    """Run `python -m canvasagent.train KIND` as a subprocess; resume when a checkpoint exists."""
-
-    def train(kind: str, config: str, out: Path, overrides: dict[str, Any], log_path: Path) -> Path:
-        cmd = list(launcher or [sys.executable]) + ["-m", "canvasagent.train", kind, "--config", config, "--output-dir", str(out)]
-        cmd += _set_args(overrides)
-        if any(out.glob("checkpoint-*")):
-            cmd.append("--resume")  # an interrupted run continues from its last save
-        out.mkdir(parents=True, exist_ok=True)
-        log.info("training %s: %s", kind, " ".join(cmd))
-        with open(log_path, "a") as fh:
-            fh.write(f"\n$ {' '.join(cmd)}\n")
-            fh.flush()
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
-        if proc.returncode != 0:
-            tail = "".join(log_path.read_text().splitlines(keepends=True)[-15:])
-            raise AblationError(f"{kind} training failed (exit {proc.returncode}); see {log_path}:\n{tail}")
-        final = out / "final"
-        if not final.exists():
-            raise AblationError(f"{kind} training finished without {final}; see {log_path}")
-        return final
-
-    return train
+    """The grid's trainer: `stage_runner.train_command` under `launcher` (default: this Python)."""
+    return functools.partial(train_command, launcher=launcher)
 
 
 @dataclass
@@ -364,7 +336,7 @@ class AblationRunner:
                 continue
             try:
                 results[cell.name] = self.run_cell(cell)
-            except AblationError as e:  # one failed cell must not cost the others
+            except (AblationError, StageFailed) as e:  # one failed cell must not cost the others
                 log.error("cell %r failed: %s", cell.name, e)
                 failures[cell.name] = str(e)
         return self.write(results, failures)

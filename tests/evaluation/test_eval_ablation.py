@@ -44,11 +44,11 @@ class FakeTrainer:
         self.fail = fail or set()
 
     def __call__(self, kind, config, out: Path, overrides, log_path):
-        from canvasagent.evaluation.ablation import AblationError
+        from canvasagent.stage_runner import StageFailed
 
         self.calls.append((kind, dict(overrides)))
         if overrides.get("grpo.reward_preset") in self.fail:
-            raise AblationError("boom")
+            raise StageFailed("boom")  # what train_command raises for a failed run
         (out / "final").mkdir(parents=True, exist_ok=True)
         key = "loss" if kind == "sft" else "reward"
         (out / "metrics.jsonl").write_text("\n".join(json.dumps({"step": i, key: 1.0 / (i + 1)}) for i in range(5)))
@@ -113,9 +113,9 @@ def test_cli_trainer_runs_a_subprocess_and_resumes(tmp_path):
     assert final == out / "final"
     log = (out / "train.log").read_text()
     assert "-m canvasagent.train grpo --config grpo_tiny_cpu" in log and "--set run.init_from=null" in log and "--resume" in log
-    from canvasagent.evaluation.ablation import AblationError
+    from canvasagent.stage_runner import StageFailed
 
-    with pytest.raises(AblationError, match="exit 3"):
+    with pytest.raises(StageFailed, match="exit 3"):
         train("sft", "x", tmp_path / "r2", {"fail": 1}, tmp_path / "r2.log")
 
 
