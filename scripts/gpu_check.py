@@ -6,10 +6,13 @@ models' config.json files as published); the weights are random, the tokenizer i
 offline one (its ids fit inside the real vocabulary size), so the numbers are memory and time,
 never quality. Run through `scripts/gpu_check.sh`.
 
-    python -P scripts/gpu_check.py [--dry-run] [--out DIR] [--skip-policy] [--skip-flux]
+    python -P scripts/gpu_check.py [--dry-run | --smoke] [--out DIR] [--json FILE] [--skip-policy] [--skip-flux]
 
 `--dry-run` builds the configs and counts parameters on the meta device only: no GPU, no
-weights, a few seconds; it is what the test suite runs.
+weights, a few seconds. `--smoke` runs the whole check (the same code path: build, save, one GRPO
+step, two pipeline calls) with the same architectures at toy sizes, on the GPU when there is one
+and else on the CPU, in about a minute: what the test suite runs, so a GPU session finds a check
+that works. On the CPU the memory reported is the process's peak RSS, not GPU memory.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +54,56 @@ FLUX2_VAE = {"block_out_channels": (128, 256, 512, 512), "layers_per_block": 2, 
 FLUX2_OUT_LAYERS = (9, 18, 27)
 
 
-def policy_config(tokenizer: Any):
-    """A Qwen3VLConfig with Qwen3-VL-8B's shapes and the given tokenizer's special-token ids."""
+@dataclass(frozen=True)
+class Shapes:
+    """What one check runs: the architectures' sizes and the GRPO step's and the pipeline call's
+    settings. `FULL` is the published models; `SMOKE` the same architectures at toy sizes."""
+
+    policy_text: dict[str, Any]
+    policy_vision: dict[str, Any]
+    flux_transformer: dict[str, Any]
+    flux_text: dict[str, Any]
+    flux_vae: dict[str, Any]
+    flux_out_layers: tuple[int, ...]
+    rollouts: int
+    turns: int
+    max_completion_length: int
+    image_size: int
+    flux_size: int
+    flux_steps: int
+    flux_max_sequence_length: int
+
+
+FULL = Shapes(QWEN3VL_8B_TEXT, QWEN3VL_8B_VISION, FLUX2_KLEIN_TRANSFORMER, QWEN3_4B_TEXT, FLUX2_VAE, FLUX2_OUT_LAYERS,
+              rollouts=8, turns=3, max_completion_length=512, image_size=512, flux_size=512, flux_steps=4,
+              flux_max_sequence_length=512)
+# Toy sizes keep every structural constraint of the full ones: rope sections sum to head_dim / 2,
+# the deepstack indexes lie inside the vision depth, the transformer's joint attention takes the
+# three text-encoder layers it reads, and VAE channels are multiples of its group norm.
+SMOKE = Shapes(
+    {**QWEN3VL_8B_TEXT, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 16, "rope_parameters": {**QWEN3VL_8B_TEXT["rope_parameters"], "mrope_section": [4, 2, 2]}},
+    {**QWEN3VL_8B_VISION, "depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+     "num_position_embeddings": 256, "deepstack_visual_indexes": [0, 1]},
+    {**FLUX2_KLEIN_TRANSFORMER, "num_layers": 1, "num_single_layers": 1, "attention_head_dim": 32, "num_attention_heads": 2,
+     "joint_attention_dim": 3 * 64, "axes_dims_rope": (8, 8, 8, 8)},
+    {**QWEN3_4B_TEXT, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+     "num_key_value_heads": 2, "head_dim": 16},
+    {**FLUX2_VAE, "block_out_channels": (32, 32, 32, 32), "layers_per_block": 1},
+    (0, 1, 2), rollouts=2, turns=2, max_completion_length=24, image_size=64, flux_size=64, flux_steps=1,
+    flux_max_sequence_length=32,
+)
+
+
+def policy_config(tokenizer: Any, shapes: Shapes = FULL):
+    """A Qwen3VLConfig with the shapes' sizes (Qwen3-VL-8B's by default) and the given tokenizer's
+    special-token ids."""
     from transformers import Qwen3VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
-    text = {**QWEN3VL_8B_TEXT, "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
+    text = {**shapes.policy_text, "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None}
     return Qwen3VLConfig(
-        text_config=text, vision_config=dict(QWEN3VL_8B_VISION), image_token_id=ids["<|image_pad|>"],
+        text_config=text, vision_config=dict(shapes.policy_vision), image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False,
     )
@@ -100,8 +146,39 @@ def dry_run() -> dict[str, Any]:
     }
 
 
-def build_policy_dir(out: Path) -> Path:
-    """The tiny checkpoint's tokenizer/processor files with an 8B-shaped config and random bf16 weights."""
+def _is_gpu(device: str) -> bool:
+    return device == "cuda"
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if _is_gpu(device):
+        torch.cuda.synchronize()
+
+
+def _reset_peak(device: str) -> None:
+    import torch
+
+    if _is_gpu(device):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak(device: str) -> dict[str, float]:
+    """Peak GPU memory since the last reset; on the CPU the process's peak RSS (never reset)."""
+    import resource
+
+    import torch
+
+    if _is_gpu(device):
+        return {"peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+    return {"peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+
+
+def build_policy_dir(out: Path, shapes: Shapes = FULL, device: str = "cuda") -> Path:
+    """The tiny checkpoint's tokenizer/processor files with the shapes' config and random weights
+    (bf16 on a GPU, float32 on the CPU)."""
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
@@ -111,31 +188,34 @@ def build_policy_dir(out: Path) -> Path:
     tok = load_processor(str(out)).tokenizer
     for f in out.glob("*.safetensors*"):
         f.unlink()
-    with torch.device("cuda"):
-        model = Qwen3VLForConditionalGeneration(policy_config(tok)).to(torch.bfloat16)
+    with torch.device(device):
+        model = Qwen3VLForConditionalGeneration(policy_config(tok, shapes)).to(torch.bfloat16 if _is_gpu(device) else torch.float32)
     model.save_pretrained(out)
     marker = out / "canvasagent_tiny.json"
     meta = json.loads(marker.read_text()) if marker.exists() else {}
-    marker.write_text(json.dumps({**meta, "shape": "Qwen3-VL-8B (random weights, gpu_check)"}))
+    label = "Qwen3-VL-8B" if shapes is FULL else "Qwen3-VL, toy sizes"
+    marker.write_text(json.dumps({**meta, "shape": f"{label} (random weights, gpu_check)"}))
     del model
-    torch.cuda.empty_cache()
+    if _is_gpu(device):
+        torch.cuda.empty_cache()
     return out
 
 
-def policy_step(work: Path) -> dict[str, Any]:
-    import torch
-
+def policy_step(work: Path, shapes: Shapes = FULL, device: str = "cuda") -> dict[str, Any]:
+    """One GRPO step of the grpo_tiny_cpu preset's tiny tools and reward on the shapes' policy."""
     from canvasagent.training.config import TrainConfig
     from canvasagent.training.grpo import build_grpo_trainer
 
     t0 = time.perf_counter()
-    model_dir = build_policy_dir(work / "qwen3vl_8b_random")
+    model_dir = build_policy_dir(work / "policy_random", shapes, device)
     build_s = time.perf_counter() - t0
+    gpu = _is_gpu(device)
     cfg = TrainConfig.load("grpo_tiny_cpu", {
         "run.output_dir": str(work / "grpo"), "model.name_or_path": str(model_dir), "run.init_from": None,
-        "model.dtype": "bfloat16", "optim.bf16": True, "optim.gradient_checkpointing": True,
-        "optim.max_steps": 1, "optim.per_device_train_batch_size": 8, "grpo.num_generations": 8,
-        "grpo.max_turns": 3, "grpo.max_completion_length": 512, "data.n_train": 8, "data.image_size": 512,
+        "model.dtype": "bfloat16" if gpu else "float32", "optim.bf16": gpu, "optim.gradient_checkpointing": gpu,
+        "optim.max_steps": 1, "optim.per_device_train_batch_size": shapes.rollouts, "grpo.num_generations": shapes.rollouts,
+        "grpo.max_turns": shapes.turns, "grpo.max_completion_length": shapes.max_completion_length,
+        "data.n_train": shapes.rollouts, "data.image_size": shapes.image_size,
         "optim.learning_rate": 1e-6, "run.save_steps": 0, "run.dump_every": 0,
     })
     trainer, _, _ = build_grpo_trainer(cfg)
@@ -143,22 +223,23 @@ def policy_step(work: Path) -> dict[str, Any]:
     inner = trainer.training_step
 
     def timed(*a, **kw):
-        torch.cuda.synchronize()
+        _sync(device)
         t = time.perf_counter()
         out = inner(*a, **kw)
-        torch.cuda.synchronize()
+        _sync(device)
         step_s.append(time.perf_counter() - t)
         return out
 
     trainer.training_step = timed
-    torch.cuda.reset_peak_memory_stats()
+    _reset_peak(device)
     trainer.train()
-    return {"build_and_save_s": round(build_s, 1), "grpo_step_s": round(step_s[0], 2),
-            "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-            "rollouts": 8, "turns": 3, "max_completion_length": 512}
+    return {"build_and_save_s": round(build_s, 1), "grpo_step_s": round(step_s[0], 2), **_peak(device),
+            "rollouts": shapes.rollouts, "turns": shapes.turns, "max_completion_length": shapes.max_completion_length}
 
 
-def flux_call() -> dict[str, Any]:
+def flux_call(shapes: Shapes = FULL, device: str = "cuda") -> dict[str, Any]:
+    """Two calls of a random-weight FLUX.2-klein pipeline of the shapes' sizes (the first carries
+    kernel selection and allocator warm-up)."""
     import torch
     from diffusers import (
         AutoencoderKLFlux2,
@@ -170,54 +251,90 @@ def flux_call() -> dict[str, Any]:
 
     from toolserver.backends.tiny import _CHAT_TEMPLATE, _byte_level_vocab
 
+    dtype = torch.bfloat16 if _is_gpu(device) else torch.float32
     tok = Qwen2Tokenizer(vocab=_byte_level_vocab(), merges=[], unk_token=None, bos_token=None, eos_token="<|im_end|>",
                          pad_token="<|endoftext|>")
     tok.chat_template = _CHAT_TEMPLATE
-    with torch.device("cuda"):
+    with torch.device(device):
         pipe = Flux2KleinPipeline(
-            scheduler=FlowMatchEulerDiscreteScheduler(), vae=AutoencoderKLFlux2(**FLUX2_VAE).to(torch.bfloat16),
-            text_encoder=Qwen3ForCausalLM(Qwen3Config(**QWEN3_4B_TEXT)).to(torch.bfloat16), tokenizer=tok,
-            transformer=Flux2Transformer2DModel(**FLUX2_KLEIN_TRANSFORMER).to(torch.bfloat16), is_distilled=True,
+            scheduler=FlowMatchEulerDiscreteScheduler(), vae=AutoencoderKLFlux2(**shapes.flux_vae).to(dtype),
+            text_encoder=Qwen3ForCausalLM(Qwen3Config(**shapes.flux_text)).to(dtype), tokenizer=tok,
+            transformer=Flux2Transformer2DModel(**shapes.flux_transformer).to(dtype), is_distilled=True,
         )
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    out = {}
-    for label in ("first", "second"):  # the first call carries kernel selection and allocator warm-up
+    _reset_peak(device)
+    out: dict[str, Any] = {}
+    for label in ("first", "second"):
         t = time.perf_counter()
-        pipe(prompt="a red bicycle", height=512, width=512, num_inference_steps=4, guidance_scale=1.0,
-             text_encoder_out_layers=FLUX2_OUT_LAYERS, max_sequence_length=512, generator=torch.Generator("cuda").manual_seed(0))
-        torch.cuda.synchronize()
+        image = pipe(prompt="a red bicycle", height=shapes.flux_size, width=shapes.flux_size, num_inference_steps=shapes.flux_steps,
+                     guidance_scale=1.0, text_encoder_out_layers=shapes.flux_out_layers,
+                     max_sequence_length=shapes.flux_max_sequence_length,
+                     generator=torch.Generator(device).manual_seed(0)).images[0]
+        _sync(device)
         out[f"{label}_call_s"] = round(time.perf_counter() - t, 2)
-    out["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    out["size"], out["steps"] = "512x512", 4
+    out.update(_peak(device))
+    out["size"], out["steps"] = f"{image.width}x{image.height}", shapes.flux_steps
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dry-run", action="store_true", help="configs and meta-device parameter counts only")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="configs and meta-device parameter counts only")
+    mode.add_argument("--smoke", action="store_true", help="the whole check at toy sizes (GPU if any, else CPU)")
     ap.add_argument("--out", default=None, help="work folder (default: a temporary one)")
+    ap.add_argument("--json", default=None, help="also write the report to this file")
     ap.add_argument("--skip-policy", action="store_true")
     ap.add_argument("--skip-flux", action="store_true")
     args = ap.parse_args(argv)
-    if not args.dry_run:
-        import torch
+    import torch
 
-        if not torch.cuda.is_available():
-            print("gpu_check: no CUDA device; use --dry-run on a machine without a GPU", file=sys.stderr)
-            return 2
+    gpu = torch.cuda.is_available()
+    if not (args.dry_run or args.smoke or gpu):
+        print("gpu_check: no CUDA device; use --dry-run or --smoke on a machine without a GPU", file=sys.stderr)
+        return 2
     report: dict[str, Any] = {"shapes": dry_run()}
     if not args.dry_run:
-        report["device"] = torch.cuda.get_device_name(0)
+        shapes, device = (SMOKE if args.smoke else FULL), ("cuda" if gpu else "cpu")
+        report["device"] = torch.cuda.get_device_name(0) if gpu else "cpu"
+        report["sizes"] = "toy (--smoke)" if args.smoke else "published"
+        report["versions"] = _versions()
         work = Path(args.out or tempfile.mkdtemp(prefix="gpu_check_"))
         work.mkdir(parents=True, exist_ok=True)
-        if not args.skip_flux:
-            report["flux2_klein_call"] = flux_call()
-            torch.cuda.empty_cache()
-        if not args.skip_policy:
-            report["qwen3vl_8b_grpo_step"] = policy_step(work)
+        checks = {"flux2_klein_call": lambda: flux_call(shapes, device),
+                  "qwen3vl_8b_grpo_step": lambda: policy_step(work, shapes, device)}
+        for name, skip in (("flux2_klein_call", args.skip_flux), ("qwen3vl_8b_grpo_step", args.skip_policy)):
+            if not skip:
+                report[name] = _measured(checks[name], device)
     print(json.dumps(report, indent=2))
-    return 0
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 1 if any(isinstance(v, dict) and "error" in v for v in report.values()) else 0
+
+
+def _measured(check, device: str) -> dict[str, Any]:
+    """The check's numbers; running out of GPU memory is a number too (the peak it reached), so it
+    is reported and the next check still runs."""
+    import torch
+
+    try:
+        return check()
+    except torch.OutOfMemoryError as e:
+        return {"error": f"out of GPU memory: {str(e).splitlines()[0]}", **_peak(device)}
+    finally:
+        if _is_gpu(device):
+            torch.cuda.empty_cache()
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "trl", "diffusers", "datasets", "accelerate", "peft"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "missing"
+    return out
 
 
 if __name__ == "__main__":
