@@ -14,10 +14,13 @@ has two or more calls, greedy and sampled, falls into the first ending that appl
 * **finished, reference flow**: every expected tool ran on the assets the reference uses.
 
 The table gives the share of episodes per ending and stage, pooled over the runs, so a change
-from SFT to GRPO reads as a shift between endings (which the mean reward hides). A last line
-says whether GRPO's own groups paid a second call: in the dumped training rollouts, the mean
-hybrid difference between rollouts with two or more tool calls (failed ones count) and those
-with one.
+from SFT to GRPO reads as a shift between endings (which the mean reward hides). A second table
+measures parameter precision: for each argument of a reference call that is not an asset (Rotate's
+angle, Crop's box, Flip's direction, Overlay's text and position, ...), among the episodes whose
+call of that tool (same occurrence) ran, the share that passed exactly the reference's value. A
+last line says whether GRPO's own groups paid a second call: in the dumped training rollouts, the
+mean hybrid difference between rollouts with two or more tool calls (failed ones count) and
+those with one.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 from rewards.judges.base import CallSummary
-from rewards.judges.offline import data_flow
+from rewards.judges.offline import _is_asset_id, data_flow
 
 ENDINGS = ("no call", "a call failed", "stopped early", "finished, other flow", "finished, reference flow")
 
@@ -40,8 +43,7 @@ def ending(record: dict) -> str | None:
     reference = (task.get("meta") or {}).get("reference_calls") or []
     if len(reference) < 2:
         return None
-    calls = [CallSummary(t.get("index", i), t["call"].get("name"), t["call"].get("arguments"), t.get("status"),
-                         t.get("output_id"), t.get("error")) for i, t in enumerate(record.get("turns", [])) if t.get("call")]
+    calls = _calls(record)
     ran = {c.tool for c in calls if c.status == "ok"}
     expected = set(task.get("expected_tools") or [r.get("name") for r in reference])
     if not ran:
@@ -64,6 +66,62 @@ def count(run: Path, stage: str, mode: str) -> Counter:
         if e is not None:
             found[e] += 1
     return found
+
+
+def _calls(record: dict) -> list[CallSummary]:
+    return [CallSummary(t.get("index", i), t["call"].get("name"), t["call"].get("arguments"), t.get("status"),
+                        t.get("output_id"), t.get("error")) for i, t in enumerate(record.get("turns", [])) if t.get("call")]
+
+
+def precision(record: dict) -> dict[str, tuple[int, int]]:
+    """`Tool.argument` -> (exact, compared) for one saved episode: each non-asset argument of each
+    reference call whose tool ran at that occurrence, and whether the run call passed the same value."""
+    task = record.get("task") or {}
+    reference = (task.get("meta") or {}).get("reference_calls") or []
+    inputs = {a["id"] for a in record.get("assets", []) if not (a.get("provenance") or {}).get("tool")}
+    ran: dict[str, list[dict]] = {}
+    for c in _calls(record):
+        if c.status == "ok":
+            ran.setdefault(c.tool, []).append(c.arguments if isinstance(c.arguments, dict) else {})
+    seen: dict[str, int] = {}
+    out: dict[str, tuple[int, int]] = {}
+    for ref in reference:
+        name, args = ref.get("name"), ref.get("arguments")
+        if not isinstance(name, str) or not isinstance(args, dict):
+            continue
+        k = seen[name] = seen.get(name, -1) + 1
+        if k >= len(ran.get(name, [])):
+            continue
+        for key, value in args.items():
+            if _is_asset_id(value, inputs):
+                continue
+            exact, compared = out.get(f"{name}.{key}", (0, 0))
+            out[f"{name}.{key}"] = (exact + (ran[name][k].get(key) == value), compared + 1)
+    return out
+
+
+def precision_table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "eval_grpo")) -> list[str]:
+    """Markdown rows: per stage and mode, each reference argument's exact share over the episodes
+    that ran its tool (`exact/compared`), pooled over `runs`."""
+    totals: dict[tuple[str, str], dict[str, list[int]]] = {}
+    for stage in stages:
+        for mode in ("greedy", "sampled"):
+            acc = totals.setdefault((stage, mode), {})
+            for run in runs:
+                for path in sorted((run / stage / mode).rglob("trajectory.json")):
+                    for arg, (exact, compared) in precision(json.loads(path.read_text(encoding="utf-8"))).items():
+                        cell = acc.setdefault(arg, [0, 0])
+                        cell[0] += exact
+                        cell[1] += compared
+    args = sorted({a for acc in totals.values() for a in acc})
+    if not args:
+        return ["No saved episode ran a call of a reference solution."]
+    lines = ["| stage | mode | " + " | ".join(args) + " |", "|---|---|" + "---|" * len(args)]
+    for (stage, mode), acc in totals.items():
+        if acc:
+            cells = [f"{acc[a][0] / acc[a][1]:.2f} ({acc[a][0]}/{acc[a][1]})" if acc.get(a, [0, 0])[1] else "–" for a in args]
+            lines.append(f"| {stage} | {mode} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "eval_grpo")) -> list[str]:
@@ -114,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"not a run folder: {', '.join(missing)}")
     lines = [f"# How held-out chains end ({', '.join(str(r) for r in args.runs)})", "",
              "Share of saved evaluation episodes per ending (tasks whose reference has two or more calls).", "",
-             *table(args.runs, tuple(args.stages)), "", *group_preference(args.runs)]
+             *table(args.runs, tuple(args.stages)), "",
+             "Parameter precision: per argument of the reference calls that is not an asset, the share of the "
+             "episodes that ran that call which passed exactly the reference's value (exact/compared).", "",
+             *precision_table(args.runs, tuple(args.stages)), "", *group_preference(args.runs)]
     text = "\n".join(lines) + "\n"
     if args.results:
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)

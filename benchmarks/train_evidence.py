@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from canvasagent.evaluation.metrics import paired_difference
-    from chain_behaviour import group_preference, table as ending_table  # a sibling script: benchmarks/ is on sys.path
+    from chain_behaviour import group_preference, precision_table, table as ending_table  # a sibling script: benchmarks/ is on sys.path
     from canvasagent.pipeline import PipelineConfig, run_pipeline
     from canvasagent.training.config import parse_override
 
@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         "Per held-out chain, pooled over the seeds:", "", *chain_lines, "",
         "How the held-out chains end (share of episodes, pooled over the seeds; benchmarks/chain_behaviour.py):", "",
         *ending_table([out / f"seed_{seed}" for seed in args.seeds]), "",
+        "Parameter precision (per non-asset argument of the reference calls, the share of the episodes that ran "
+        "that call which passed exactly the reference's value; benchmarks/chain_behaviour.py):", "",
+        *precision_table([out / f"seed_{seed}" for seed in args.seeds]), "",
         *group_preference([out / f"seed_{seed}" for seed in args.seeds]), "",
         "Targets: " + "; ".join(f"{k}: **{'met' if v else 'NOT met'}**" for k, v in targets.items()) + ".",
         f"Wall time: {summary['wall_s']} s.", ""])
