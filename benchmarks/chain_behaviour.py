@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 from rewards.judges.base import CallSummary
-from rewards.judges.offline import _is_asset_id, data_flow
+from rewards.judges.offline import data_flow, is_asset_id
 
 ENDINGS = ("no call", "a call failed", "stopped early", "finished, other flow", "finished, reference flow")
 
@@ -93,7 +93,7 @@ def precision(record: dict) -> dict[str, tuple[int, int]]:
         if k >= len(ran.get(name, [])):
             continue
         for key, value in args.items():
-            if _is_asset_id(value, inputs):
+            if is_asset_id(value, inputs):
                 continue
             exact, compared = out.get(f"{name}.{key}", (0, 0))
             out[f"{name}.{key}"] = (exact + (ran[name][k].get(key) == value), compared + 1)

@@ -48,7 +48,7 @@ def _task_supplies(need: Need, value: Any, assets: Any, inputs: set[str]) -> boo
     return isinstance(value, str) and value in inputs and assets.get(value).kind is need.kind
 
 
-def _is_asset_id(value: Any, inputs: set[str]) -> bool:
+def is_asset_id(value: Any, inputs: set[str]) -> bool:
     """An input ID, or an output ID `{Tool}_{k}` of a registry tool."""
     if not isinstance(value, str):
         return False
@@ -73,7 +73,7 @@ def data_flow(calls: list[Any], reference: list[dict[str, Any]], inputs: set[str
         k = seen[name] = seen.get(name, -1) + 1
         ran = done.get(name, [])
         for key, value in args.items():
-            if _is_asset_id(value, inputs):
+            if is_asset_id(value, inputs):
                 compared += 1
                 matched += k < len(ran) and ran[k].get(key) == value
     return matched, compared
