@@ -29,9 +29,10 @@ import argparse
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 from rewards.judges.base import CallSummary
-from rewards.judges.offline import data_flow, is_asset_id
+from rewards.judges.offline import data_flow, is_asset_id, reference_arguments
 
 ENDINGS = ("no call", "a call failed", "stopped early", "finished, other flow", "finished, reference flow")
 
@@ -58,11 +59,17 @@ def ending(record: dict) -> str | None:
     return "finished, reference flow" if matched == compared else "finished, other flow"
 
 
+def episodes(run: Path, stage: str, mode: str) -> Iterator[dict]:
+    """The saved episodes (`trajectory.json` as dicts) of one stage and decoding mode of a run folder."""
+    for path in sorted((run / stage / mode).rglob("trajectory.json")):
+        yield json.loads(path.read_text(encoding="utf-8"))
+
+
 def count(run: Path, stage: str, mode: str) -> Counter:
     """Endings of the saved episodes of one stage and decoding mode of a run folder."""
     found: Counter = Counter()
-    for path in sorted((run / stage / mode).rglob("trajectory.json")):
-        e = ending(json.loads(path.read_text(encoding="utf-8")))
+    for record in episodes(run, stage, mode):
+        e = ending(record)
         if e is not None:
             found[e] += 1
     return found
@@ -76,27 +83,13 @@ def _calls(record: dict) -> list[CallSummary]:
 def precision(record: dict) -> dict[str, tuple[int, int]]:
     """`Tool.argument` -> (exact, compared) for one saved episode: each non-asset argument of each
     reference call whose tool ran at that occurrence, and whether the run call passed the same value."""
-    task = record.get("task") or {}
-    reference = (task.get("meta") or {}).get("reference_calls") or []
+    reference = ((record.get("task") or {}).get("meta") or {}).get("reference_calls") or []
     inputs = {a["id"] for a in record.get("assets", []) if not (a.get("provenance") or {}).get("tool")}
-    ran: dict[str, list[dict]] = {}
-    for c in _calls(record):
-        if c.status == "ok":
-            ran.setdefault(c.tool, []).append(c.arguments if isinstance(c.arguments, dict) else {})
-    seen: dict[str, int] = {}
     out: dict[str, tuple[int, int]] = {}
-    for ref in reference:
-        name, args = ref.get("name"), ref.get("arguments")
-        if not isinstance(name, str) or not isinstance(args, dict):
-            continue
-        k = seen[name] = seen.get(name, -1) + 1
-        if k >= len(ran.get(name, [])):
-            continue
-        for key, value in args.items():
-            if is_asset_id(value, inputs):
-                continue
-            exact, compared = out.get(f"{name}.{key}", (0, 0))
-            out[f"{name}.{key}"] = (exact + (ran[name][k].get(key) == value), compared + 1)
+    for tool, key, value, ran, passed in reference_arguments(_calls(record), reference):
+        if ran and not is_asset_id(value, inputs):
+            exact, compared = out.get(f"{tool}.{key}", (0, 0))
+            out[f"{tool}.{key}"] = (exact + (passed == value), compared + 1)
     return out
 
 
@@ -108,8 +101,8 @@ def precision_table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "ev
         for mode in ("greedy", "sampled"):
             acc = totals.setdefault((stage, mode), {})
             for run in runs:
-                for path in sorted((run / stage / mode).rglob("trajectory.json")):
-                    for arg, (exact, compared) in precision(json.loads(path.read_text(encoding="utf-8"))).items():
+                for record in episodes(run, stage, mode):
+                    for arg, (exact, compared) in precision(record).items():
                         cell = acc.setdefault(arg, [0, 0])
                         cell[0] += exact
                         cell[1] += compared

@@ -160,8 +160,8 @@ def _sync(device: str) -> None:
 def _reset_peak(device: str) -> None:
     import torch
 
+    _sync(device)
     if _is_gpu(device):
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
 
 
@@ -300,11 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         report["versions"] = _versions()
         work = Path(args.out or tempfile.mkdtemp(prefix="gpu_check_"))
         work.mkdir(parents=True, exist_ok=True)
-        checks = {"flux2_klein_call": lambda: flux_call(shapes, device),
-                  "qwen3vl_8b_grpo_step": lambda: policy_step(work, shapes, device)}
-        for name, skip in (("flux2_klein_call", args.skip_flux), ("qwen3vl_8b_grpo_step", args.skip_policy)):
+        for name, skip, check in (("flux2_klein_call", args.skip_flux, lambda: flux_call(shapes, device)),
+                                  ("qwen3vl_8b_grpo_step", args.skip_policy, lambda: policy_step(work, shapes, device))):
             if not skip:
-                report[name] = _measured(checks[name], device)
+                report[name] = _measured(check, device)
     print(json.dumps(report, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Iterator
 
 from rewards.checks import CheckContext, all_passed, run_checks
 from rewards.config import OfflineJudgeConfig
@@ -56,16 +56,16 @@ def is_asset_id(value: Any, inputs: set[str]) -> bool:
     return value in inputs or (tool in REGISTRY and k.isdigit())
 
 
-def data_flow(calls: list[Any], reference: list[dict[str, Any]], inputs: set[str]) -> tuple[int, int]:
-    """(matched, compared): the asset arguments of every reference call, and how many of them
-    the successful call of the same tool and occurrence in `calls` passed the same ID (a
-    reference call that never ran matches none: stopping early reproduces less of the flow)."""
+def reference_arguments(calls: list[Any], reference: list[dict[str, Any]]) -> Iterator[tuple[str, str, Any, bool, Any]]:
+    """(tool, argument, reference value, ran, passed value) for every argument of every reference
+    call: `ran` says whether the successful call of the same tool and occurrence in `calls`
+    exists, and `passed` is what that call gave the argument (None when it ran without it or did
+    not run). Reference calls without a tool name or an argument object are skipped."""
     done: dict[str, list[dict[str, Any]]] = {}
     for c in calls:
         if c.status == "ok":
             done.setdefault(c.tool, []).append(c.arguments if isinstance(c.arguments, dict) else {})
     seen: dict[str, int] = {}
-    matched = compared = 0
     for ref in reference:
         name, args = ref.get("name"), ref.get("arguments")
         if not isinstance(name, str) or not isinstance(args, dict):
@@ -73,9 +73,18 @@ def data_flow(calls: list[Any], reference: list[dict[str, Any]], inputs: set[str
         k = seen[name] = seen.get(name, -1) + 1
         ran = done.get(name, [])
         for key, value in args.items():
-            if is_asset_id(value, inputs):
-                compared += 1
-                matched += k < len(ran) and ran[k].get(key) == value
+            yield name, key, value, k < len(ran), ran[k].get(key) if k < len(ran) else None
+
+
+def data_flow(calls: list[Any], reference: list[dict[str, Any]], inputs: set[str]) -> tuple[int, int]:
+    """(matched, compared): the asset arguments of every reference call, and how many of them
+    the successful call of the same tool and occurrence in `calls` passed the same ID (a
+    reference call that never ran matches none: stopping early reproduces less of the flow)."""
+    matched = compared = 0
+    for _, _, value, ran, passed in reference_arguments(calls, reference):
+        if is_asset_id(value, inputs):
+            compared += 1
+            matched += ran and passed == value
     return matched, compared
 
 
