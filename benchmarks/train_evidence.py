@@ -32,10 +32,20 @@ KEYS = ("format_validity", "rule", "hybrid", "success")
 PAIRED = {"hybrid": "hybrid", "success": "align/passed"}
 
 
+def _eval_tasks(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "data" / "eval_tasks.jsonl").read_text().splitlines() if line.strip()]
+
+
+def family(task: dict) -> str:
+    """`one call` when the task's reference solution is a single call (its success hangs on that
+    call's parameters: a box, an angle, a text), else `chain`."""
+    return "one call" if len(task.get("meta", {}).get("reference_calls") or task["expected_tools"]) == 1 else "chain"
+
+
 def _by_chain(run: Path, res: dict) -> dict[str, dict[str, float]]:
     """Greedy and sampled hybrid reward and success after SFT and after GRPO, per held-out chain
     (tone: explicit or implicit instruction); sums and counts, so seeds pool."""
-    tasks = [json.loads(line) for line in (run / "data" / "eval_tasks.jsonl").read_text().splitlines() if line.strip()]
+    tasks = _eval_tasks(run)
     out: dict[str, dict[str, float]] = {}
     for i, t in enumerate(tasks):
         meta = t.get("meta", {})
@@ -68,12 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     from canvasagent.training.config import parse_override
 
     out = Path(args.out)
-    rows, pooled, t0 = [], {}, time.perf_counter()
+    rows, pooled, by_family, t0 = [], {}, {}, time.perf_counter()
     for seed in args.seeds:
         cfg = PipelineConfig.load(args.config, out=str(out / f"seed_{seed}"), seed=seed)
         cfg.sft_overrides.update(dict(parse_override(s) for s in args.sft_set))
         cfg.grpo_overrides.update(dict(parse_override(s) for s in args.grpo_set))
         res = run_pipeline(cfg)
+        families = [family(t) for t in _eval_tasks(out / f"seed_{seed}")]
         row: dict = {"seed": seed, "seconds": {k: v.get("seconds") for k, v in res.items() if isinstance(v, dict)}}
         for mode, mkey, tkey in (("greedy", "metrics", "per_task"), ("sampled", "metrics_sampled", "per_task_sampled")):
             for stage in STAGES:
@@ -86,9 +97,17 @@ def main(argv: list[str] | None = None) -> int:
                 before, after = pooled.setdefault(f"{mode}_{key}", (pkey, [], []))[1:]
                 before.extend(sft)
                 after.extend(grpo)
+                for fam, b, a in zip(families, sft, grpo):
+                    fb, fa = by_family.setdefault((fam, mode, key), ([], []))
+                    fb.append(b)
+                    fa.append(a)
         row["by_chain"] = _by_chain(out / f"seed_{seed}", res)
         rows.append(row)
     pooled_stats = {k: paired_difference(sft, grpo, pkey) for k, (pkey, sft, grpo) in pooled.items()}
+    family_stats = {f"{fam} {mode} {key}": {**paired_difference(b, a, PAIRED[key]),
+                                            "sft": sum(x.get(PAIRED[key], 0.0) for x in b) / len(b),
+                                            "grpo": sum(x.get(PAIRED[key], 0.0) for x in a) / len(a)}
+                    for (fam, mode, key), (b, a) in sorted(by_family.items())}
 
     # -- tables --------------------------------------------------------------------------------------
     def table(mode: str) -> list[str]:
@@ -123,13 +142,21 @@ def main(argv: list[str] | None = None) -> int:
         chain_lines.append(f"| {key} | {int(n)} | {cell('greedy', 'hybrid')} | {cell('greedy', 'success')} | "
                            f"{cell('sampled', 'hybrid')} | {cell('sampled', 'success')} |")
 
+    fam_lines = ["| task family | mode | tasks x seeds | reward SFT -> GRPO | paired (±se) | success SFT -> GRPO | paired (±se) |",
+                 "|---|---|---|---|---|---|---|"]
+    for fam in sorted({f for f, _, _ in by_family}):
+        for mode in ("greedy", "sampled"):
+            h, sc = family_stats[f"{fam} {mode} hybrid"], family_stats[f"{fam} {mode} success"]
+            fam_lines.append(f"| {fam} | {mode} | {h['n']} | {h['sft']:.3f} -> {h['grpo']:.3f} | {h['mean_diff']:+.4f} (±{h['se']:.4f}) | "
+                             f"{sc['sft']:.3f} -> {sc['grpo']:.3f} | {sc['mean_diff']:+.3f} (±{sc['se']:.3f}) |")
+
     targets = {}
     for mode in ("greedy", "sampled"):
         for k in ("hybrid", "success"):
             targets[f"{mode}: GRPO {k} > SFT every seed"] = all(r[f"{mode}_eval_grpo_{k}"] > r[f"{mode}_eval_sft_{k}"] for r in rows)
             p = pooled_stats[f"{mode}_{k}"]
             targets[f"{mode}: pooled paired {k} diff > 2 se"] = p["mean_diff"] > 2 * p["se"]
-    summary = {"config": args.config, "targets": targets, "pooled": pooled_stats, "rows": rows,
+    summary = {"config": args.config, "targets": targets, "pooled": pooled_stats, "by_family": family_stats, "rows": rows,
                "wall_s": round(time.perf_counter() - t0, 1)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_evidence.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -139,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         "share of assistant turns without a protocol finding. Base = the untrained model on the first n_eval_base tasks.", "",
         "Greedy decoding:", "", *table("greedy"), "",
         "Sampling at the GRPO temperature (mean of the sampled episodes per task):", "", *table("sampled"), "",
+        "Per task family (one call: the reference solution is a single call, so success hangs on its parameters; "
+        "chain: two or more calls), pooled over the seeds, paired per task:", "", *fam_lines, "",
         "Per held-out chain, pooled over the seeds:", "", *chain_lines, "",
         "How the held-out chains end (share of episodes, pooled over the seeds; benchmarks/chain_behaviour.py):", "",
         *ending_table([out / f"seed_{seed}" for seed in args.seeds]), "",
