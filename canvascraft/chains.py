@@ -138,7 +138,11 @@ class ChainSet:
         return ChainSet([c for c in self.chains if (not groups or c.group in groups) and (not names or c.name in names)])
 
     def with_weights(self, overrides: dict[str, float]) -> "ChainSet":
-        """Override mix weights by chain name or by group (a chain name wins over its group)."""
+        """Override mix weights by chain name or by group (a chain name wins over its group).
+        Refuses a key that names neither: a misspelt key would otherwise leave its weight as it was."""
+        unknown = set(overrides) - {c.name for c in self.chains} - {c.group for c in self.chains}
+        if unknown:
+            raise ValueError(f"mix keys that name no chain or group: {sorted(unknown)}")
         out = []
         for c in self.chains:
             w = overrides.get(c.name, overrides.get(c.group, c.weight))

@@ -159,3 +159,11 @@ def test_composed_longer_tasks_keep_exact_parameter_checks(tmp_path, scoring):
         wrong, wrong_res = _play(task, "oracle_wrong_param", toolbox, reward)
         assert good_res.success and good["align/passed"] == 1.0, (row["chain"], good)
         assert not wrong_res.success and wrong["hybrid"] < good["hybrid"], (row["chain"], wrong)
+
+
+def test_a_mix_key_naming_no_chain_or_group_is_refused():
+    """A misspelt mix key ('Rotat') would leave Rotate's weight untouched without a word."""
+    chains = ChainSet.load(["chains", "chains_offline"])
+    assert chains.with_weights({"Rotate": 3, "offline": 0}).by_name("Rotate").weight == 3
+    with pytest.raises(ValueError, match="Rotat"):
+        chains.with_weights({"Rotat": 1})

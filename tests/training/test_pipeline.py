@@ -160,3 +160,21 @@ def test_a_config_extends_another_and_a_cycle_is_refused(tmp_path):
     b.write_text(yaml.safe_dump({"extends": str(a)}))
     with pytest.raises(ValueError, match="extends itself"):
         PipelineConfig.load(a)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "configs" / "pipeline").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_pipeline_config_loads_and_validates(path):
+    """A pipeline config in configs/pipeline/ that fails to load or names an unknown source is
+    found here, not an hour into a run."""
+    cfg = PipelineConfig.load(path.stem)
+    cfg.validate()
+    assert cfg.sources and cfg.n_eval_base >= 0
+
+
+def test_the_precision_testbed_adds_one_call_tasks_to_grpo_and_eval_only():
+    """testbed_precision keeps testbed_sft1024_chains' SFT set and adds single Crop, Rotate and
+    Overlay tasks to the GRPO and held-out mix, never SR."""
+    base, prec = PipelineConfig.load("testbed_sft1024_chains"), PipelineConfig.load("testbed_precision")
+    assert prec.cc_mix == base.cc_mix and prec.cc_sft_n == base.cc_sft_n == 1024
+    assert all(prec.cc_rl_mix[k] == 1 for k in ("offline", "offline_single", "Rotate", "Overlay"))
+    assert prec.cc_mix["SR"] == prec.cc_rl_mix["Crop+SR"] == prec.cc_rl_mix["Rotate+Crop+SR"] == 0
