@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 before, after = pooled.setdefault(f"{mode}_{key}", (pkey, [], []))[1:]
                 before.extend(sft)
                 after.extend(grpo)
-                for fam, b, a in zip(families, sft, grpo):
+                for fam, b, a in zip(families, sft, grpo, strict=True):  # eval_tasks.jsonl is the evaluated order
                     fb, fa = by_family.setdefault((fam, mode, key), ([], []))
                     fb.append(b)
                     fa.append(a)
