@@ -42,10 +42,9 @@ def family(task: dict) -> str:
     return "one call" if len(task.get("meta", {}).get("reference_calls") or task["expected_tools"]) == 1 else "chain"
 
 
-def _by_chain(run: Path, res: dict) -> dict[str, dict[str, float]]:
+def _by_chain(tasks: list[dict], res: dict) -> dict[str, dict[str, float]]:
     """Greedy and sampled hybrid reward and success after SFT and after GRPO, per held-out chain
     (tone: explicit or implicit instruction); sums and counts, so seeds pool."""
-    tasks = _eval_tasks(run)
     out: dict[str, dict[str, float]] = {}
     for i, t in enumerate(tasks):
         meta = t.get("meta", {})
@@ -84,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg.sft_overrides.update(dict(parse_override(s) for s in args.sft_set))
         cfg.grpo_overrides.update(dict(parse_override(s) for s in args.grpo_set))
         res = run_pipeline(cfg)
-        families = [family(t) for t in _eval_tasks(out / f"seed_{seed}")]
+        tasks = _eval_tasks(out / f"seed_{seed}")
+        families = [family(t) for t in tasks]
         row: dict = {"seed": seed, "seconds": {k: v.get("seconds") for k, v in res.items() if isinstance(v, dict)}}
         for mode, mkey, tkey in (("greedy", "metrics", "per_task"), ("sampled", "metrics_sampled", "per_task_sampled")):
             for stage in STAGES:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                     fb, fa = by_family.setdefault((fam, mode, key), ([], []))
                     fb.append(b)
                     fa.append(a)
-        row["by_chain"] = _by_chain(out / f"seed_{seed}", res)
+        row["by_chain"] = _by_chain(tasks, res)
         rows.append(row)
     pooled_stats = {k: paired_difference(sft, grpo, pkey) for k, (pkey, sft, grpo) in pooled.items()}
     family_stats = {f"{fam} {mode} {key}": {**paired_difference(b, a, PAIRED[key]),

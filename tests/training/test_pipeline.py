@@ -11,6 +11,7 @@ import yaml
 from canvasagent.cli import main
 from toolserver.client import make_toolbox
 from canvasagent.pipeline import PipelineConfig
+from canvascraft.chains import ChainSet
 
 DEFAULT_YAML = Path(__file__).parents[2] / "configs" / "pipeline" / "default.yaml"
 
@@ -164,11 +165,14 @@ def test_a_config_extends_another_and_a_cycle_is_refused(tmp_path):
 
 @pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "configs" / "pipeline").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_pipeline_config_loads_and_validates(path):
-    """A pipeline config in configs/pipeline/ that fails to load or names an unknown source is
-    found here, not an hour into a run."""
+    """A pipeline config in configs/pipeline/ that fails to load, names an unknown source or has
+    a mix key that names no chain or group is found here, not when its run builds data."""
     cfg = PipelineConfig.load(path.stem)
     cfg.validate()
     assert cfg.sources and cfg.n_eval_base >= 0
+    chains = ChainSet.load(cfg.cc_chains)
+    for mix in (cfg.cc_mix, cfg.cc_rl_mix):
+        chains.with_weights(mix)
 
 
 def test_the_precision_testbed_adds_one_call_tasks_to_grpo_and_eval_only():
