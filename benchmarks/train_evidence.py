@@ -26,10 +26,14 @@ from pathlib import Path
 for _k, _v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TRL_EXPERIMENTAL_SILENCE", "1")):
     os.environ.setdefault(_k, _v)
 
+from canvasagent.evaluation.metrics import paired_difference, task_score  # noqa: E402
+
 STAGES = ("eval_base", "eval_sft", "eval_grpo")
 KEYS = ("format_validity", "rule", "hybrid", "success")
-# Paired per task: name -> the per-task score (success: the share of episodes that passed every check).
-PAIRED = {"hybrid": "hybrid", "success": "align/passed"}
+# Paired per task: name -> the per-task score (`metrics.task_score`). success: the task succeeded
+# (greedy: every check passed; sampled: in at least half its episodes), so the paired difference is
+# that of the success columns; pass_rate: the share of its episodes that passed every check.
+PAIRED = {"hybrid": "hybrid", "success": "success", "pass_rate": "align/passed"}
 
 
 def _eval_tasks(run: Path) -> list[dict]:
@@ -57,7 +61,7 @@ def _by_chain(tasks: list[dict], res: dict) -> dict[str, dict[str, float]]:
                 if i < len(scores):
                     for k, pk in PAIRED.items():
                         name = f"{mode}_{stage}_{k}"
-                        acc[name] = acc.get(name, 0.0) + scores[i].get(pk, 0.0)
+                        acc[name] = acc.get(name, 0.0) + task_score(scores[i], pk)
     return out
 
 
@@ -71,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from canvasagent.evaluation.metrics import paired_difference
     from chain_behaviour import group_preference, precision_table, table as ending_table  # a sibling script: benchmarks/ is on sys.path
     from canvasagent.pipeline import PipelineConfig, run_pipeline
     from canvasagent.training.config import parse_override
@@ -105,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     pooled_stats = {k: paired_difference(sft, grpo, pkey) for k, (pkey, sft, grpo) in pooled.items()}
     family_stats = {f"{fam} {mode} {key}": {**paired_difference(b, a, PAIRED[key]),
-                                            "sft": sum(x.get(PAIRED[key], 0.0) for x in b) / len(b),
-                                            "grpo": sum(x.get(PAIRED[key], 0.0) for x in a) / len(a)}
+                                            "sft": sum(task_score(x, PAIRED[key]) for x in b) / len(b),
+                                            "grpo": sum(task_score(x, PAIRED[key]) for x in a) / len(a)}
                     for (fam, mode, key), (b, a) in sorted(by_family.items())}
 
     # -- tables --------------------------------------------------------------------------------------
@@ -127,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"{ps['mean_diff']:+.3f} (±{ps['se']:.3f}) | {'yes' if ph['mean_diff'] > 2 * ph['se'] else 'NO'} (>2 se) | "
                      f"{'yes' if ps['mean_diff'] > 2 * ps['se'] else 'NO'} (>2 se) |")
         return lines
+
+    def pass_rate_line() -> str:
+        cells = [f"seed {r['seed']} {r['sampled_paired_pass_rate']['mean_diff']:+.3f} (±{r['sampled_paired_pass_rate']['se']:.3f})" for r in rows]
+        p = pooled_stats["sampled_pass_rate"]
+        return ("Sampled episodes that passed every check, GRPO minus SFT paired per task: " + ", ".join(cells)
+                + f"; pooled {p['mean_diff']:+.3f} (±{p['se']:.3f}).")
 
     chains: dict[str, dict[str, float]] = {}
     for r in rows:
@@ -165,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         "Reward: hybrid reward (paper preset, offline judges); success: every verifiable check passed; format validity: "
         "share of assistant turns without a protocol finding. Base = the untrained model on the first n_eval_base tasks.", "",
         "Greedy decoding:", "", *table("greedy"), "",
-        "Sampling at the GRPO temperature (mean of the sampled episodes per task):", "", *table("sampled"), "",
+        "Sampling at the GRPO temperature (reward: the mean of a task's sampled episodes; success: at least half of "
+        "them passed every check):", "", *table("sampled"), "", pass_rate_line(), "",
         "Per task family (one call: the reference solution is a single call, so success hangs on its parameters; "
         "chain: two or more calls), pooled over the seeds, paired per task:", "", *fam_lines, "",
         "Per held-out chain, pooled over the seeds:", "", *chain_lines, "",

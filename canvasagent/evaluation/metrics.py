@@ -224,15 +224,21 @@ def policy_metrics(results: list[TaskResult], match_threshold: float = MATCH_THR
     }
 
 
+def task_score(scores: dict[str, float], key: str) -> float:
+    """One per-task score by name; 0 where the task lacks it. `success` is `succeeded` as 0 or 1,
+    so a paired or averaged success is the success rate every report shows."""
+    return float(succeeded(scores)) if key == "success" else scores.get(key, 0.0)
+
+
 def paired_difference(before: Iterable[dict[str, float]], after: Iterable[dict[str, float]], key: str = "hybrid") -> dict[str, float]:
-    """`after - before` of one per-task score, paired task by task (the i-th of each is the same
-    task): `n`, `mean_diff`, its standard error `se` (sample sd / sqrt n; 0 below two tasks),
-    `wins` and `losses` (tasks that moved up or down). A task without `key` scores 0 there.
-    Refuses sequences of different lengths: they cannot be the same tasks."""
+    """`after - before` of one per-task score (`task_score`), paired task by task (the i-th of
+    each is the same task): `n`, `mean_diff`, its standard error `se` (sample sd / sqrt n; 0 below
+    two tasks), `wins` and `losses` (tasks that moved up or down). Refuses sequences of different
+    lengths: they cannot be the same tasks."""
     before, after = list(before), list(after)
     if len(before) != len(after):
         raise ValueError(f"paired scores need the same tasks: {len(before)} before, {len(after)} after")
-    d = [a.get(key, 0.0) - b.get(key, 0.0) for b, a in zip(before, after)]
+    d = [task_score(a, key) - task_score(b, key) for b, a in zip(before, after)]
     n = len(d)
     mean = sum(d) / n if n else 0.0
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) if n > 1 else 0.0

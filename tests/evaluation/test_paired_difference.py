@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from canvasagent.evaluation.metrics import paired_difference
+from canvasagent.evaluation.metrics import paired_difference, succeeded
 from canvasagent.training.report import paired_grpo_gain, write_report
 
 scores = st.lists(st.floats(0, 1), min_size=0, max_size=30)
@@ -40,6 +40,23 @@ def test_paired_difference_is_antisymmetric_and_bounded(a, b):
     assert up["mean_diff"] == pytest.approx(-down["mean_diff"], abs=1e-12) and up["se"] == pytest.approx(down["se"])
     assert -1 <= up["mean_diff"] <= 1 and up["se"] >= 0 and up["wins"] == down["losses"]
     assert up["wins"] + up["losses"] <= n
+
+
+def test_paired_success_is_the_reported_success_rate():
+    # Sampled tasks: align/passed is the share of a task's episodes that passed every check; the
+    # task succeeded when at least half did. Paired "success" must pair that, not the share.
+    before = [{"align/passed": p} for p in (0.25, 0.5, 0.0, 1.0)]
+    after = [{"align/passed": p} for p in (0.5, 0.25, 0.75, 1.0)]
+    g = paired_difference(before, after, "success")
+    assert g["mean_diff"] == pytest.approx(0.25) and (g["wins"], g["losses"]) == (2, 1)
+    assert paired_difference(before, after, "align/passed")["mean_diff"] == pytest.approx(0.1875)
+
+
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0])), min_size=1, max_size=30))
+def test_paired_success_equals_the_difference_of_success_rates(pairs):
+    before, after = [{"align/passed": b} for b, _ in pairs], [{"align/passed": a} for _, a in pairs]
+    rate = lambda xs: sum(succeeded(x) for x in xs) / len(xs)
+    assert paired_difference(before, after, "success")["mean_diff"] == pytest.approx(rate(after) - rate(before))
 
 
 def _eval(per_task, per_task_sampled, sources):
