@@ -225,17 +225,23 @@ def last_checkpoint(out: Path) -> str | None:
     return None
 
 
-def whole_run_loss(state: Any, ckpt: str | None, run_loss: float) -> float:
-    """The mean training loss over every step of a run, resumed or not.
+def checkpoint_state(ckpt: str | None) -> dict[str, Any] | None:
+    """The trainer state saved in `ckpt` (None without one). Read it before training resumes:
+    `save_total_limit` may delete that checkpoint while the run goes on."""
+    return json.loads((Path(ckpt) / "trainer_state.json").read_text()) if ckpt else None
 
-    The Trainer's `training_loss` averages only the steps of this call (those after `ckpt`).
-    The steps before come from the checkpoint's logged losses, each weighted by the steps it
-    covers; steps after the checkpoint's last loss log and before its save were never logged,
-    so they are left out of the mean rather than guessed.
+
+def whole_run_loss(state: Any, before: dict[str, Any] | None, run_loss: float) -> float:
+    """The mean training loss over every step of a run, resumed or not; `before` is the
+    `checkpoint_state` the run resumed from.
+
+    The Trainer's `training_loss` averages only the steps of this call (those after the
+    checkpoint). The steps before come from the checkpoint's logged losses, each weighted by the
+    steps it covers; steps after the checkpoint's last loss log and before its save were never
+    logged, so they are left out of the mean rather than guessed.
     """
-    if not ckpt:
+    if not before:
         return run_loss
-    before = json.loads((Path(ckpt) / "trainer_state.json").read_text())
     start = int(before["global_step"])
     total, steps, prev = 0.0, 0, 0
     for h in before.get("log_history", []):

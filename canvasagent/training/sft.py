@@ -7,6 +7,7 @@ from typing import Any
 
 from canvasagent.training.callbacks import CompleteCheckpoints, RewardCurves
 from canvasagent.training.common import (
+    checkpoint_state,
     common_trl_args,
     last_checkpoint,
     load_model_and_processor,
@@ -59,10 +60,11 @@ def run_sft(cfg: TrainConfig, callbacks: list | None = None) -> dict[str, Any]:
     ckpt = last_checkpoint(ws.output_dir) if cfg.run.resume else None
     if ckpt:
         log.info("resuming SFT from %s", ckpt)
+    before = checkpoint_state(ckpt)
     result = trainer.train(resume_from_checkpoint=ckpt)
     final = save_final(trainer, processor, ws.model_path, ws.output_dir / "final")
     # Over every step of the run: the Trainer's own figure covers only the steps after a resume.
-    train_loss = whole_run_loss(trainer.state, ckpt, result.training_loss)
+    train_loss = whole_run_loss(trainer.state, before, result.training_loss)
     log.info("SFT done: %d steps, loss %.4f -> %s", trainer.state.global_step, train_loss, final)
     return {"final": str(final), "global_step": trainer.state.global_step, "train_loss": train_loss,
             "log_history": trainer.state.log_history}

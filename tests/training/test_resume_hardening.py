@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from canvasagent.training import run
 from canvasagent.training.common import (
     checkpoint_problem,
+    checkpoint_state,
     last_checkpoint,
     whole_run_loss,
 )
@@ -96,8 +97,23 @@ def test_whole_run_loss_weights_logged_intervals(tmp_path):
         global_step = 6
 
     # The resumed call trained steps 5-6 at a mean of 0.5: (3*2 + 1*2 + 0.5*2) / 6.
-    assert whole_run_loss(State(), str(d), 0.5) == pytest.approx(1.5)
-    assert whole_run_loss(State(), None, 0.5) == 0.5
+    assert whole_run_loss(State(), checkpoint_state(str(d)), 0.5) == pytest.approx(1.5)
+    assert whole_run_loss(State(), checkpoint_state(None), 0.5) == 0.5
+
+
+@pytest.mark.slow
+def test_resume_survives_its_checkpoint_being_rotated_away(tiny_qwen3vl_dir, tmp_path):
+    # A run resumed with more steps saves new checkpoints; with save_total_limit 1 the one it
+    # resumed from is deleted before the run ends, and the whole-run loss must not need it then.
+    out = tmp_path / "run"
+    first = run(TrainConfig.load("sft_tiny_cpu", {**_overrides(out, tiny_qwen3vl_dir), "optim.max_steps": 2,
+                                                  "run.save_steps": 1, "run.save_total_limit": 1}))
+    more = run(TrainConfig.load("sft_tiny_cpu", {**_overrides(out, tiny_qwen3vl_dir), "optim.max_steps": 4, "run.save_steps": 1,
+                                                 "run.save_total_limit": 1, "run.resume": True}))
+    assert not (out / "checkpoint-2").exists() and more["global_step"] == 4
+    losses = {h["step"]: h["loss"] for h in [*first["log_history"], *more["log_history"]] if "loss" in h}
+    assert sorted(losses) == [1, 2, 3, 4]
+    assert more["train_loss"] == pytest.approx(sum(losses.values()) / 4, rel=1e-4)
 
 
 # -- chaos: SIGKILL inside a real checkpoint save, then resume ----------------------------------
