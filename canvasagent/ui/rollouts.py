@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,24 +72,16 @@ class RolloutSet:
     problems: list[str] = field(default_factory=list)
 
     def steps(self) -> list[str]:
-        return _unique(r.step for r in self.rollouts)
+        return list(dict.fromkeys(r.step for r in self.rollouts))
 
     def groups(self, step: str | None = None) -> list[str]:
-        return _unique(r.group for r in self.rollouts if step in (None, "", r.step))
+        return list(dict.fromkeys(r.group for r in self.rollouts if step in (None, "", r.step)))
 
     def get(self, key: str) -> Rollout:
         for r in self.rollouts:
             if r.key == key:
                 return r
         raise KeyError(f"no rollout {key!r} in {self.root}")
-
-
-def _unique(xs: Iterable[str]) -> list[str]:
-    out: list[str] = []
-    for x in xs:
-        if x not in out:
-            out.append(x)
-    return out
 
 
 def _inside(root: Path, rel: Any) -> Path | None:
