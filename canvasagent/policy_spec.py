@@ -178,10 +178,7 @@ class ReplaySource:
             recs = data if isinstance(data, list) else [data]
         if len(recs) == 1:
             return cls(default=_replies_of_record(recs[0]))
-        by_id = {}
-        for i, rec in enumerate(recs):
-            by_id[_record_id(rec) or str(i)] = _replies_of_record(rec)
-        return cls(by_id=by_id)
+        return cls(by_id={_record_id(rec) or str(i): _replies_of_record(rec) for i, rec in enumerate(recs)})
 
 
 # -- factory -------------------------------------------------------------------------------------

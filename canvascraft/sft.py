@@ -232,8 +232,7 @@ def quality_control(traj: Trajectory, plan: Plan, allow_plumbing: bool = False, 
         reads = [ocr_text(t) for t in traj.turns if t.call is not None and t.call.name == "OCR" and t.status == "ok"]
         if reads and _norm(plan.expect_text) not in _norm(reads[-1]):
             reasons.append("ocr_mismatch")
-    order = list(dict.fromkeys(reasons))
-    return order
+    return list(dict.fromkeys(reasons))
 
 
 # -- one sample --------------------------------------------------------------------------------

@@ -346,9 +346,7 @@ def _read_ratio(read: str, want: str, fuzzy: bool, min_ratio: float) -> float:
         return 0.0
     hay, needle = read.replace(" ", ""), want.replace(" ", "")
     n = len(needle)
-    best = 0.0
-    for i in range(max(1, len(hay) - n + 1)):
-        best = max(best, difflib.SequenceMatcher(None, needle, hay[i : i + n]).ratio())
+    best = max(difflib.SequenceMatcher(None, needle, hay[i : i + n]).ratio() for i in range(max(1, len(hay) - n + 1)))
     return best if best >= min_ratio else 0.0
 
 

@@ -20,10 +20,7 @@ SLEEP_PREFIX = "probe-sleep:"  # a text argument "probe-sleep:2.5" holds the cal
 
 
 def _requested_sleep(req: ToolRequest) -> float:
-    for v in req.args.values():
-        if isinstance(v, str) and v.startswith(SLEEP_PREFIX):
-            return float(v[len(SLEEP_PREFIX) :])
-    return 0.0
+    return next((float(v[len(SLEEP_PREFIX) :]) for v in req.args.values() if isinstance(v, str) and v.startswith(SLEEP_PREFIX)), 0.0)
 
 
 class BatchProbe:

@@ -8,6 +8,7 @@ trajectories recorded by the public code.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -136,7 +137,4 @@ class AssetStore:
             raise UnknownAssetError(asset_id, ids)
         keep = ids[: ids.index(asset_id) + 1]
         self._assets = {k: self._assets[k] for k in keep}
-        self._counters = {}
-        for a in self._assets.values():
-            if a.provenance.tool is not None:
-                self._counters[a.provenance.tool] = self._counters.get(a.provenance.tool, 0) + 1
+        self._counters = dict(Counter(a.provenance.tool for a in self._assets.values() if a.provenance.tool is not None))

@@ -69,11 +69,7 @@ def c2_indices(n: int, cfg: DataConfig = DataConfig()) -> list[int]:
 def quantised_arguments(p: Sequence[float]) -> dict:
     """13-vector -> tool arguments with integer 0-1000 coordinates."""
     p = np.clip(np.asarray(p, dtype=np.float64), 0, 1)
-    names = render.PARAM_NAMES
-    out: dict = {}
-    for k, v in zip(names, p):
-        out[k] = int(round(v * 1000)) if k in COORD_KEYS else round(float(v), 3)
-    return out
+    return {k: int(round(v * 1000)) if k in COORD_KEYS else round(float(v), 3) for k, v in zip(render.PARAM_NAMES, p)}
 
 
 def path_to_unit(args: dict) -> dict:

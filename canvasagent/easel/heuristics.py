@@ -41,10 +41,8 @@ def _segments_to_paths(points: np.ndarray, res: int, closed: bool) -> list[list[
     pts = [tuple(p) for p in np.asarray(points, np.float64).reshape(-1, 2)]
     if closed and len(pts) > 2:
         pts.append(pts[0])
-    out = []
-    for (x0, y0), (x1, y1) in zip(pts[:-1], pts[1:]):
-        out.append([x0 / res, y0 / res, (x0 + x1) / 2 / res, (y0 + y1) / 2 / res, x1 / res, y1 / res])
-    return out
+    return [[x0 / res, y0 / res, (x0 + x1) / 2 / res, (y0 + y1) / 2 / res, x1 / res, y1 / res]
+            for (x0, y0), (x1, y1) in zip(pts[:-1], pts[1:])]
 
 
 def _fit_budget(polys: list[tuple[np.ndarray, bool]], res: int, budget: int) -> np.ndarray:

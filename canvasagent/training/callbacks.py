@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -51,10 +52,7 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[float], list[
 
 def ema(ys: list[float], weight: float = EMA_WEIGHT) -> list[float]:
     """Exponential moving average, seeded with the first value."""
-    out: list[float] = []
-    for y in ys:
-        out.append(y if not out else weight * out[-1] + (1 - weight) * y)
-    return out
+    return list(itertools.accumulate(ys, lambda prev, y: weight * prev + (1 - weight) * y))
 
 
 def _component_keys(keys: list[str], stat: str) -> list[str]:

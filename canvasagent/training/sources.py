@@ -306,7 +306,4 @@ def task_source(task: Task) -> str:
     meta = task.meta or {}
     if meta.get("source"):
         return str(meta["source"])
-    for s in SOURCES.values():
-        if s.meta_key and s.meta_key in meta:
-            return s.name
-    return task.family or "unknown"
+    return next((s.name for s in SOURCES.values() if s.meta_key and s.meta_key in meta), task.family or "unknown")

@@ -123,11 +123,8 @@ def _read_traj(path: Path) -> dict[str, Any] | None:
 
 
 def _errors(traj: dict[str, Any]) -> list[str]:
-    out = []
-    for i, t in enumerate(traj.get("turns", [])):
-        if isinstance(t, dict) and t.get("status") not in ("ok", "terminate", None):
-            out.append(f"turn {_int(t.get('index'), i) + 1}: {t.get('error_code') or t.get('status')}: {t.get('error') or ''}".rstrip(": "))
-    return out
+    return [f"turn {_int(t.get('index'), i) + 1}: {t.get('error_code') or t.get('status')}: {t.get('error') or ''}".rstrip(": ")
+            for i, t in enumerate(traj.get("turns", [])) if isinstance(t, dict) and t.get("status") not in ("ok", "terminate", None)]
 
 
 def _tools(traj: dict[str, Any]) -> list[str]:

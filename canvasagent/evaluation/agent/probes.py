@@ -146,8 +146,7 @@ def best_reading(lines: list[str], truth: str) -> tuple[str, float]:
     cands = list(lines) + ([" ".join(lines)] if len(lines) > 1 else [])
     if not cands:
         return "", 0.0
-    scored = [(char_accuracy(c, truth), c) for c in cands]
-    acc, line = max(scored)
+    acc, line = max((char_accuracy(c, truth), c) for c in cands)
     return line, acc
 
 

@@ -88,10 +88,7 @@ class Target:
         def act(messages: list[dict[str, Any]], episode: Any) -> str:
             if episode.trajectory.turns:
                 return format_reply("Done.", terminate=True)
-            args: dict[str, Any] = {}
-            for a in REGISTRY[tool].args:
-                if a.type is ArgType.ASSET and a.required:
-                    args[a.name] = "img_1"
+            args: dict[str, Any] = {a.name: "img_1" for a in REGISTRY[tool].args if a.type is ArgType.ASSET and a.required}
             args.update(case.args)
             return format_reply(f"Call {tool} on the probe.", {"name": tool, "arguments": args})
 
