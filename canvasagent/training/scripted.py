@@ -9,6 +9,7 @@ with real tool outputs, and the reference calls double as the task's verifiable 
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -43,6 +44,7 @@ class Step:
     reason: str  # reply reason, with {src} for the input asset ID
 
 
+@functools.cache
 def _photo_cache() -> dict[str, Image.Image]:
     import numpy as np
     import skimage.data
@@ -56,16 +58,10 @@ def _photo_cache() -> dict[str, Image.Image]:
     return out
 
 
-_PHOTO_CACHE: dict[str, Image.Image] | None = None
-
-
 def sample_image(rng: random.Random, size: int) -> tuple[str, Image.Image]:
     """A random crop of a bundled photo, resized to size x size (different pixels per task)."""
-    global _PHOTO_CACHE
-    if _PHOTO_CACHE is None:
-        _PHOTO_CACHE = _photo_cache()
     name = rng.choice(_PHOTOS)
-    img = _PHOTO_CACHE[name]
+    img = _photo_cache()[name]
     w, h = img.size
     side = int(min(w, h) * rng.uniform(0.5, 1.0))
     x, y = rng.randint(0, w - side), rng.randint(0, h - side)

@@ -18,6 +18,7 @@ Offline machines get an explicit :class:`ModelUnavailableError` instead of a net
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -237,12 +238,9 @@ def torchvision_importable() -> bool:
     return True
 
 
+@functools.cache
 def _image_only_processor_class():
     """Build the image-only Qwen3-VL processor class lazily (keeps import of this module cheap)."""
-    global _IMAGE_ONLY_CLS
-    if _IMAGE_ONLY_CLS is not None:
-        return _IMAGE_ONLY_CLS
-
     from transformers import Qwen3VLProcessor
     from transformers.processing_utils import ProcessorMixin
 
@@ -277,12 +275,9 @@ def _image_only_processor_class():
     # hashes/ships them to worker processes.
     Qwen3VLImageOnlyProcessor.__module__ = __name__
     Qwen3VLImageOnlyProcessor.__qualname__ = "Qwen3VLImageOnlyProcessor"
-    _IMAGE_ONLY_CLS = Qwen3VLImageOnlyProcessor
-    return _IMAGE_ONLY_CLS
+    return Qwen3VLImageOnlyProcessor
 
 
-_IMAGE_ONLY_CLS = None
-_TORCH_OUTPUT_CLASSES: dict[type, type] = {}
 _TORCH_SUFFIX = "WithTorchOutputs"
 
 
@@ -317,14 +312,12 @@ def force_torch_image_outputs(image_processor):
     return image_processor
 
 
+@functools.cache
 def _torch_output_class(base: type) -> type:
-    patched = _TORCH_OUTPUT_CLASSES.get(base)
-    if patched is None:
-        name = base.__name__ + _TORCH_SUFFIX
-        patched = type(name, (_TorchOutputsByDefault, base), {"_canvasagent_base_name": base.__name__})
-        # Importable by name through this module's __getattr__, so instances pickle.
-        patched.__module__, patched.__qualname__ = __name__, name
-        _TORCH_OUTPUT_CLASSES[base] = patched
+    name = base.__name__ + _TORCH_SUFFIX
+    patched = type(name, (_TorchOutputsByDefault, base), {"_canvasagent_base_name": base.__name__})
+    # Importable by name through this module's __getattr__, so instances pickle.
+    patched.__module__, patched.__qualname__ = __name__, name
     return patched
 
 
