@@ -141,8 +141,7 @@ class HybridReward:
 
     def _invalid(self, reason: str) -> dict[str, float]:
         log.warning("hybrid reward: %s -> 0", reason)
-        flat = {HYBRID: 0.0, **{c: 0.0 for c in COMPONENTS}, "invalid": 1.0}
-        return flat
+        return {HYBRID: 0.0, **{c: 0.0 for c in COMPONENTS}, "invalid": 1.0}
 
     def _combine(self, traj: Trajectory, judged: dict[str, JudgeResult]) -> dict[str, float]:
         rule = score_rule(traj, self.cfg.rule)

@@ -74,6 +74,7 @@ blue, medium width) and only the 6 path parameters (:func:`expand_fixed`).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -421,21 +422,17 @@ def _alpha_window_np(p: np.ndarray, h: int, w: int, win: tuple[int, int, int, in
     return render_np.stroke_alpha_window(p, h, w, win, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
 
 
-_NB: list = []  # [module or None] once the import was tried
-
-
+@functools.cache
 def _render_nb():
     """The compiled kernel module, or None without numba. Imported on first
     use: importing numba costs ~0.5 s, which processes that never render
     (the tool server's parent, the trainers) should not pay."""
-    if not _NB:
-        try:
-            from . import render_nb
-        except ImportError as e:
-            log.info("numba unavailable (%s): EASEL renders with the numpy kernel", e)
-            render_nb = None
-        _NB.append(render_nb)
-    return _NB[0]
+    try:
+        from . import render_nb
+    except ImportError as e:
+        log.info("numba unavailable (%s): EASEL renders with the numpy kernel", e)
+        return None
+    return render_nb
 
 
 def resolve_kernel(kernel: str | None = None) -> str:

@@ -113,8 +113,6 @@ class CanvasEnv:
     # image. Off by default because SFT and evaluation render text-only observations without an
     # image (training/messages.py), so on it GRPO would train on a layout the policy never meets
     # at inference, and it spends image tokens of the completion budget on every failed call.
-    # (It was added against a rope-index crash; that crash was a sampled <|video_pad|>, fixed in
-    # trl_multimodal.CanvasGRPOTrainer, and both settings now train: tests/training/test_grpo_multimodal.py.)
     image_in_every_observation: bool = False
 
     def __init__(self) -> None:
