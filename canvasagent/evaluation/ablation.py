@@ -178,8 +178,6 @@ class AblationRunner:
         self.out = Path(out_dir).resolve()
         self.trainer = trainer or cli_trainer(config.train.launcher)
         self.evaluator = evaluator or self.evaluate
-        self._data_cache: dict[str, Any] | None = None
-        self._eval_cache: list | None = None
         self.stages = StagedRun(self.out, "ablation")
 
     # -- stages ------------------------------------------------------------------------------
@@ -220,31 +218,29 @@ class AblationRunner:
             out.append(f"eval split {self.cfg.eval.tasks} does not exist yet (build it with python -m canvascraft build-rl)")
         return out
 
+    @functools.cached_property
     def _data(self) -> dict[str, Any]:
-        """Build (or find, on a rerun) the `data` pipeline's data: the training overrides it gives
-        every run, the pipeline (whose held-out tasks every cell is evaluated on) and its seed."""
-        if self._data_cache is None:
-            from canvasagent.pipeline import Pipeline, PipelineConfig
+        """Build (or find, on a rerun) the `data` pipeline's data, once: the training overrides it
+        gives every run, the pipeline (whose held-out tasks every cell is evaluated on) and its seed."""
+        from canvasagent.pipeline import Pipeline, PipelineConfig
 
-            pipe = Pipeline(PipelineConfig.load(self.cfg.data, out=str(self.out)))
-            pipe.run(only=["data"])
-            self._data_cache = {"sft": {**pipe.train_data("sft"), **pipe.cfg.sft_overrides},
-                                "grpo": {**pipe.train_data("grpo"), **pipe.cfg.grpo_overrides},
-                                "pipeline": pipe, "seed": pipe.cfg.seed}
-        return self._data_cache
+        pipe = Pipeline(PipelineConfig.load(self.cfg.data, out=str(self.out)))
+        pipe.run(only=["data"])
+        return {"sft": {**pipe.train_data("sft"), **pipe.cfg.sft_overrides},
+                "grpo": {**pipe.train_data("grpo"), **pipe.cfg.grpo_overrides},
+                "pipeline": pipe, "seed": pipe.cfg.seed}
 
     def eval_tasks(self) -> list:
         """The held-out tasks every cell is evaluated on: the `data` pipeline's (the first
         `eval.limit` of each source), else `eval.tasks` (a split path, or made scripted tasks).
         Read once per grid; every cell gets the same list."""
-        if self._eval_cache is None:
-            self._eval_cache = self._read_eval_tasks()
-        return list(self._eval_cache)
+        return list(self._all_eval_tasks)
 
-    def _read_eval_tasks(self) -> list:
+    @functools.cached_property
+    def _all_eval_tasks(self) -> list:
         limit = self.cfg.eval.limit
         if self.cfg.data:
-            return self._data()["pipeline"].eval_tasks(limit)[0]
+            return self._data["pipeline"].eval_tasks(limit)[0]
         from canvasagent.evaluation.tasks_io import load_tasks
 
         tasks = self.cfg.eval.tasks
@@ -274,11 +270,11 @@ class AblationRunner:
 
     def _sft(self) -> Path:
         return self._train("sft", self.cfg.train.sft_config, self.out / "sft",
-                           lambda: {**(self._data()["sft"] if self.cfg.data else {}), **self.cfg.train.sft_overrides})
+                           lambda: {**(self._data["sft"] if self.cfg.data else {}), **self.cfg.train.sft_overrides})
 
     def _grpo(self, cell: CellSpec, init: Path | None) -> Path:
         return self._train("grpo", self.cfg.train.grpo_config, self.out / "cells" / slug(cell.name) / "grpo", lambda: {
-            **(self._data()["grpo"] if self.cfg.data else {}), **self.cfg.train.grpo_overrides,
+            **(self._data["grpo"] if self.cfg.data else {}), **self.cfg.train.grpo_overrides,
             "grpo.reward_preset": cell.reward_preset, "run.init_from": str(init) if init else None, **cell.grpo_overrides})
 
     def evaluate(self, checkpoint: Path, out: Path, title: str) -> dict[str, Any]:
@@ -291,7 +287,7 @@ class AblationRunner:
         from canvasagent.training.evaluate import evaluate_checkpoint
 
         e, t = self.cfg.eval, self.cfg.train
-        grpo = TrainConfig.load(t.grpo_config, {**(self._data()["grpo"] if self.cfg.data else {}), **t.grpo_overrides})
+        grpo = TrainConfig.load(t.grpo_config, {**(self._data["grpo"] if self.cfg.data else {}), **t.grpo_overrides})
         ws = workspace(grpo, build_model=False)
         toolbox = ws.env_cls.toolbox()
         options = {k: v for k, v in e.policy_options.items() if k not in ("layout", "tools")}
@@ -300,7 +296,7 @@ class AblationRunner:
             res = evaluate_checkpoint(
                 checkpoint, tasks, make_scorer(e.preset, e.judge, toolbox, every_judge=True),
                 toolbox, ws.tool_fns, out, max_turns=e.max_turns, max_new_tokens=int(options.pop("max_new_tokens", 96)),
-                temperature=grpo.grpo.temperature, samples=e.samples, seed=self._data()["seed"] if self.cfg.data else 0,
+                temperature=grpo.grpo.temperature, samples=e.samples, seed=self._data["seed"] if self.cfg.data else 0,
                 image_budget=grpo.image_budget, generation=options)
         finally:
             toolbox.close()
