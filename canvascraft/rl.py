@@ -17,7 +17,7 @@ import random
 from typing import Any
 
 from canvasagent.core.episode import EpisodeConfig, run_episode
-from canvasagent.core.imageio import images_match
+from canvasagent.core.imageio import images_match, open_image
 from canvasagent.core.tasks import Task
 from canvasagent.core.trajectory import Trajectory
 from canvascraft.chains import Chain, chain_name, default_needs
@@ -322,8 +322,6 @@ def tasks_of(rows: list[dict[str, Any]], split: str) -> list[Task]:
 
 def task_of(row: dict[str, Any]) -> Task:
     """A runnable `Task` from an RL row (images as cells with PNG bytes)."""
-    from canvasagent.core.imageio import open_image
-
     return Task(
         instruction=row["prompt"],
         images=[open_image(c["bytes"]) for c in row["images"]],

@@ -59,6 +59,7 @@ from rewards.judges.base import image_digest
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
+from toolserver.validation import Profile
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class _ToolAnswers:
                 table.move_to_end(key)
                 return hit
         req = ToolRequest(tool, {"image": "final", **args}, {"image": image}, {"image": "final", **args},
-                          getattr(toolbox, "profile", None) or _default_profile())
+                          getattr(toolbox, "profile", None) or Profile.CANVASCRAFT)
         try:
             res = toolbox.call(req)
         except Exception as e:  # a remote toolbox down must not crash scoring
@@ -158,12 +159,6 @@ class _ToolAnswers:
 
 
 _TOOL_ANSWERS = _ToolAnswers()
-
-
-def _default_profile():
-    from toolserver.validation import Profile
-
-    return Profile.CANVASCRAFT
 
 
 class CheckError(ValueError):

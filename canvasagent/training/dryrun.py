@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from canvasagent.training.common import validate_launcher, workspace
+from canvasagent.training.common import peft_config, validate_launcher, workspace
 from canvasagent.training.config import TINY, TrainConfig
 from canvasagent.training.env import load_tools_config
 from canvasagent.training.preflight import preflight
@@ -56,8 +56,6 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
                           "per_device_train_batch_size": args.per_device_train_batch_size}
 
     if cfg.lora.enabled:
-        from canvasagent.training.common import peft_config
-
         report["lora"] = repr(peft_config(cfg))
 
     # Data: what the source reports (cheap rows are built; files are only checked to exist).

@@ -41,7 +41,7 @@ from typing import Any
 from PIL import Image
 
 from canvasagent.core.episode import Episode
-from canvasagent.core.protocol import render_system_prompt
+from canvasagent.core.protocol import format_reply, parse_reply, render_system_prompt
 from canvasagent.training.env import CanvasEnv, make_env_class, task_from_row
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,6 @@ def sft_example(record: dict[str, Any], root: Any, system: str, strokes: Any, en
 def _in_coords(reply: str, have: str, want: str) -> str:
     """An EASEL-Data reply with its path coordinates in the policy's convention."""
     from canvasagent.easel import data
-    from canvasagent.core.protocol import format_reply, parse_reply
 
     if have == want:
         return reply

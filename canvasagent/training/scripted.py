@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from PIL import Image
 
-from canvasagent.core.episode import EpisodeConfig, run_episode
+from canvasagent.core.episode import Episode, EpisodeConfig, run_episode
 from canvasagent.core.policies import ReplayPolicy
 from canvasagent.core.protocol import TERMINATE, format_reply
 from canvasagent.core.tasks import Task
@@ -138,8 +138,6 @@ def run_reference(
 
 def reference_image(task: Task, toolbox: Any) -> Image.Image | None:
     """Execute the task's reference calls on its inputs through the episode runner."""
-    from canvasagent.core.episode import Episode
-
     calls = task.meta.get("reference_calls") or []
     ep = Episode(toolbox, EpisodeConfig(max_turns=len(calls) + 1))
     ep.reset(task)

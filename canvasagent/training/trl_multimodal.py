@@ -61,6 +61,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import trl
 from trl import GRPOTrainer
 
 from canvasagent.core.image_budget import apply_image_budget, check_budget
@@ -94,8 +95,6 @@ _CONFIG_IDS = ("image_token_id", "video_token_id", "vision_start_token_id", "vis
 
 def check_trl_compat(base: type = GRPOTrainer) -> None:
     """Refuse a TRL whose overridden methods changed shape; warn on a merely unchecked version."""
-    import trl
-
     for name, params in _OVERRIDDEN.items():
         method = getattr(base, name, None)
         got = tuple(inspect.signature(method).parameters) if method is not None else None
