@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from canvasagent.easel import render
 from canvasagent.easel.canvas import CanvasSession, StepResult
@@ -47,8 +48,6 @@ class PaintCommandError(ValueError):
 def load_reference(source: str | Path, size: int = 128) -> np.ndarray:
     """A square float RGB reference in [0, 1], `size` x `size`: a scikit-image sample name
     (`SAMPLES`) or an image file, centre-cropped. Raises PaintCommandError for anything else."""
-    from PIL import Image
-
     if not 16 <= int(size) <= 1024:
         raise PaintCommandError(f"canvas size must be 16-1024 pixels, not {size}")
     name = str(source)
@@ -168,8 +167,6 @@ class PaintSession:
     def save(self) -> None:
         if self.out_dir is None:
             return
-        from PIL import Image
-
         self.out_dir.mkdir(parents=True, exist_ok=True)
         Image.fromarray(render.to_uint8(self.canvas)).save(self.out_dir / "canvas.png")
         ref = self.out_dir / "reference.png"

@@ -43,6 +43,7 @@ from PIL import Image
 from canvasagent.core.episode import Episode
 from canvasagent.core.protocol import format_reply, parse_reply, render_system_prompt
 from canvasagent.training.env import CanvasEnv, make_env_class, task_from_row
+from canvasagent.training.messages import assistant_message, grpo_row, user_content
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,6 @@ def with_coords(system: str, coords: str) -> str:
 
 
 def grpo_rows(easel_cfg: Any) -> list[dict[str, Any]]:
-    from canvasagent.training.messages import grpo_row
-
     rows = [grpo_row(agent_task_of(s)) for s in task_specs(easel_cfg)]
     if not rows:
         raise ValueError("easel: no tasks (empty categories and semantic, or n_per_category 0)")
@@ -154,7 +153,6 @@ def sft_example(record: dict[str, Any], root: Any, system: str, strokes: Any, en
     import numpy as np
 
     from canvasagent.easel import agent, data, tasks
-    from canvasagent.training.messages import assistant_message, user_content
 
     t, n = int(record["step"]), int(record["n_strokes"])
     steps = int(budget or n)
