@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -221,8 +222,6 @@ class Pipeline:
         return out
 
     def stage_data(self) -> dict[str, Any]:
-        from collections import Counter
-
         from canvasagent.training.data import scripted_tasks
 
         out: dict[str, Any] = {"source": self.cfg.data, "sources": list(self.cfg.sources)}

@@ -35,6 +35,7 @@ this process's lifetime peak.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import numbers
@@ -215,8 +216,6 @@ def _run_isolated(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -
 def _load_main(path: str) -> None:
     """Import the parent's main script (a stage defined there) under another name, so its
     `if __name__ == "__main__"` block does not run, and let pickle find it as `__main__`."""
-    import importlib.util
-
     spec = importlib.util.spec_from_file_location("__stage_main__", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

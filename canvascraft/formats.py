@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow.parquet as pq
 
 from canvasagent.core.formats.sharegpt import iter_records, normalize_messages, to_record
 from canvasagent.core.imageio import open_image, resolve_path, to_png_bytes
@@ -152,8 +153,6 @@ def write_parquet_atomic(rows: list[dict[str, Any]], kind: str, path: str | Path
 
 def read_rows(files: Iterable[str | Path]) -> list[dict[str, Any]]:
     """Rows with image cells left as {"bytes", "path"} (no decoding, exact bytes)."""
-    import pyarrow.parquet as pq
-
     rows: list[dict[str, Any]] = []
     for f in sorted(map(str, files)):
         rows.extend(pq.read_table(f).to_pylist())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,8 +114,6 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: tuple[int, int, int,
     elif shape == "diamond":
         draw.polygon([(cx, y0), (x1, cy), (cx, y1), (x0, cy)], fill=color, outline=(0, 0, 0))
     else:  # star
-        import math
-
         pts = []
         for k in range(10):
             rr = r if k % 2 == 0 else r * 0.45

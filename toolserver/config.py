@@ -14,6 +14,7 @@ from typing import Any, TypeVar, get_type_hints
 import yaml
 
 from toolserver.limits import Limits
+from toolserver.registry import REGISTRY
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -97,8 +98,6 @@ class ToolsConfig:
 
     def check_concurrency(self) -> None:
         """Refuse a pool size or per-tool cap that is not a positive integer, or names no tool."""
-        from toolserver.registry import REGISTRY
-
         if self.max_concurrent_calls is not None and (
             not isinstance(self.max_concurrent_calls, int) or isinstance(self.max_concurrent_calls, bool) or self.max_concurrent_calls < 1
         ):

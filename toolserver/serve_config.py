@@ -13,6 +13,7 @@ import ipaddress
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from itertools import permutations
 from pathlib import Path
 from typing import Any
 
@@ -396,8 +397,6 @@ def check_placement(cfg: ServeConfig, known_backends: set[str] | None = None) ->
 
 def _packs_in_any_order(items: list[float], n_gpus: int) -> bool:
     """True if first-fit packing of these fractions succeeds whatever order replicas start in."""
-    from itertools import permutations
-
     if len(items) > 8:  # 40320 orders; beyond that, say nothing rather than stall the CLI
         return True
     for order in set(permutations(items)):

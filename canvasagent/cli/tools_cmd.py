@@ -11,6 +11,7 @@ from canvasagent.cli.common import add_tools_config_arg, parse_image_args
 from canvasagent.core.tasks import Task
 from toolserver.client import make_toolbox
 from toolserver.config import ToolsConfig
+from toolserver.registry import openai_schemas, tools
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from toolserver.registry import openai_schemas, tools
-
     family = None if args.family == "all" else args.family
     if args.json:
         print(json.dumps(openai_schemas(family), indent=2))

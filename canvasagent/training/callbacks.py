@@ -6,6 +6,7 @@ import itertools
 import json
 import logging
 import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -206,8 +207,6 @@ class CompleteCheckpoints(TrainerCallback):
         self.base_dir = Path(base_dir)
 
     def on_save(self, args, state, control, **kwargs):
-        import shutil
-
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if not ckpt.is_dir() or not self.base_dir.is_dir():
             return

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from canvasagent.core.tasks import Task
 from canvasagent.training.config import TrainConfig
+from canvasagent.training.messages import fill_images
 from canvasagent.training.sources import SOURCES, get_source, source_of
 
 
@@ -32,8 +33,6 @@ def eval_tasks(cfg: TrainConfig, n: int, seed: int, toolbox: Any, source: str = 
 
 def sft_dataset(cfg: TrainConfig, system: str, toolbox_factory: Callable[[], Any]):
     from datasets import Dataset
-
-    from canvasagent.training.messages import fill_images
 
     return Dataset.from_list(sft_rows(cfg, system, toolbox_factory)).with_transform(fill_images)
 

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from canvasagent.core.episode import user_content
 from canvasagent.core.image_budget import apply_image_budget
+from canvasagent.core.imageio import open_image
 from canvasagent.core.protocol import parse_reply, render_system_prompt
 from canvasagent.core.tasks import Task
 from canvasagent.core.trajectory import Trajectory
@@ -103,8 +104,6 @@ def sft_example(traj: Trajectory, system: str, image_budget: int | None = None) 
 def sharegpt_example(row: dict[str, Any], system: str, image_budget: int | None = None) -> dict[str, Any]:
     """A public ShareGPT row (`<image>` placeholders in string contents, `images` as byte cells) as
     an SFT row under `image_budget` (None: every image). Our system turn replaces the row's."""
-    from canvasagent.core.imageio import open_image
-
     roles = {"human": "user", "gpt": "assistant", "observation": "tool", "function": "tool", "function_call": "assistant"}
     messages: list[Message] = [{"role": "system", "content": _text(system)}]
     for m in row["messages"]:

@@ -23,6 +23,7 @@ from canvasagent.training.common import validate_launcher
 from canvasagent.training.config import TINY, TrainConfig
 from canvasagent.training.env import load_tools_config
 from canvasagent.training.sources import source_of
+from toolserver.client import DEFAULT_HTTP_URL
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +178,6 @@ def _endpoints(cfg: TrainConfig, timeout_s: float) -> list[str]:
         except (OSError, ValueError):
             tc = None  # reported under files
         if tc is not None and tc.client == "http":
-            from toolserver.client import DEFAULT_HTTP_URL
-
             url = (tc.url or DEFAULT_HTTP_URL).rstrip("/")
             out += _probe_http("toolserver", url, url + "/healthz", os.environ.get(tc.token_env, ""), timeout_s)
         elif tc is not None and tc.client == "ray":

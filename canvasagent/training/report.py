@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,6 @@ def diagnostics_summary(history: list[dict[str, Any]], window: int = 5) -> dict[
     steps that have a finite value, and its min and max; plus the steps flagged `tool_collapse`
     and the per-source means (`rewards/<hybrid|format_validity|no_tool>/<source>/mean`). Empty
     without GRPO steps."""
-    import math
-
     steps = [h for h in history if "reward" in h]
     if not steps:
         return {}

@@ -61,7 +61,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import trl
+from transformers import Trainer
 from trl import GRPOTrainer
 
 from canvasagent.core.image_budget import apply_image_budget, check_budget
@@ -460,8 +462,6 @@ class CanvasGRPOTrainer(GRPOTrainer):
         return output
 
     def _turn_advantages(self, output: dict[str, Any]) -> Any:
-        import torch
-
         per_func = self._scored_rewards
         rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
         rewards[torch.isnan(per_func).all(dim=1)] = torch.nan  # unscorable, as TRL marks them
@@ -497,8 +497,6 @@ class CanvasGRPOTrainer(GRPOTrainer):
     def _budgeted_images(self, state: _RolloutBudget, images: list[Any]) -> tuple[list[Any], dict[str, Any]]:
         """A tool-loop generation's images without the dropped ones, and their processor fields
         (computed as TRL computes them for tool images)."""
-        from transformers import Trainer
-
         if len(images) != len(state.active):
             raise RuntimeError(f"{len(images)} image lists for {len(state.active)} rollouts in the tool loop")
         images = [state.kept_images(i, imgs) for i, imgs in zip(state.active, images)]
