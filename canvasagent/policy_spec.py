@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import suppress
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,8 @@ def _coerce(v: str) -> Any:
     if low in ("true", "false"):
         return low == "true"
     for cast in (int, float):
-        try:
+        with suppress(ValueError):
             return cast(v)
-        except ValueError:
-            pass
     return v
 
 

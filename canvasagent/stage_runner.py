@@ -48,6 +48,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,11 +107,9 @@ def rss_mb(children: bool = False) -> dict[str, float]:
         out = _status_mb()
         if children:
             for pid in _descendants(os.getpid()):
-                try:
+                with suppress(OSError):  # exited meanwhile
                     for k, v in _status_mb(pid).items():
                         out[k] = out.get(k, 0.0) + v
-                except OSError:  # exited meanwhile
-                    pass
         return out
     except OSError:  # not Linux: the lifetime peak of this process is all there is
         import resource

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,10 +203,8 @@ class RuleBreakdown:
 
 
 def _canonical(value: Any) -> str:
-    try:
+    with suppress(TypeError, ValueError):
         return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        pass
     try:
         return repr(value)
     except ValueError:  # an int past Python's int -> str digit limit has neither form

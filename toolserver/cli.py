@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import suppress
 from typing import Mapping, Sequence
 
 from toolserver.config import find_config, load_yaml
@@ -109,10 +110,8 @@ def _serve(args: argparse.Namespace) -> int:
     print("Ctrl-C to stop")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
+    with suppress(KeyboardInterrupt):
         stop.wait()
-    except KeyboardInterrupt:
-        pass
     from ray import serve
 
     serve.delete(cfg.app_name)

@@ -33,7 +33,7 @@ import stat
 import threading
 import uuid
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -180,7 +180,7 @@ def _owner_tag() -> str | None:
     if _OWNER is not None and _OWNER[0] == pid:
         return _OWNER[1]
     tag = None
-    try:
+    with suppress(OSError, ValueError, IndexError):
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
         ns = os.stat("/proc/self/ns/pid").st_ino
         # /proc must be this namespace's own view (not a host /proc mounted into a container,
@@ -188,8 +188,6 @@ def _owner_tag() -> str | None:
         start = _start_time(pid) if os.readlink("/proc/self") == str(pid) else None
         if re.fullmatch(r"[0-9a-f]{32}", boot) and start is not None:
             tag = f"{boot}-{ns}-{pid}-{start}"
-    except (OSError, ValueError, IndexError):
-        pass
     _OWNER = (pid, tag)
     return tag
 
@@ -379,10 +377,8 @@ class ShmSlot(_Mapped):
 
     def remove(self) -> None:
         self.close()
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(SHM_DIR / self.name)
-        except FileNotFoundError:
-            pass
 
 
 class ShmPool:

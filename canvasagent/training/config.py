@@ -7,6 +7,7 @@ a mirror of TRL's.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,8 +224,6 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ValueError(f"override {text!r} is not KEY=VALUE")
     value = yaml.safe_load(raw)
     if isinstance(value, str):  # YAML 1.1 reads "3e-4" as a string
-        try:
+        with suppress(ValueError):
             value = float(value)
-        except ValueError:
-            pass
     return key.strip(), value

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import re
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,10 +220,8 @@ def _load_eval(trajs: Path) -> RolloutSet:
     rs = RolloutSet(trajs.parent, "eval", [])
     for task_dir in sorted(p for p in trajs.iterdir() if p.is_dir()):
         result: dict[str, Any] = {}
-        try:
+        with suppress(OSError, ValueError):  # not scored yet: shown with reward 0 and no scores
             result = json.loads((task_dir / "result.json").read_text())
-        except (OSError, ValueError):
-            pass  # not scored yet: shown with reward 0 and no scores
         samples = sorted(task_dir.glob("sample_*/trajectory.json"), key=lambda p: int(p.parent.name.split("_")[1]) if p.parent.name.split("_")[1].isdigit() else 0)
         paths = samples or ([task_dir / "trajectory.json"] if (task_dir / "trajectory.json").is_file() else [])
         for j, path in enumerate(paths):

@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,10 +148,8 @@ def _native_output_to_log(logger: logging.Logger, progress: TileProgress | None 
 
 
 def _flush_c_stdio() -> None:
-    try:
+    with suppress(OSError, AttributeError):  # no libc symbols (non-glibc platform): nothing buffered to lose
         ctypes.CDLL(None).fflush(None)
-    except (OSError, AttributeError):  # no libc symbols (non-glibc platform): nothing buffered to lose
-        pass
 
 
 # Redirecting fds 1 and 2 is process-wide, so two concurrent native calls must not interleave it.
