@@ -86,8 +86,7 @@ def _descendants(root: int) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
+            stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:  # exited while listing
             continue
         ppid = int(stat.rpartition(")")[2].split()[1])  # after the command name, which may hold spaces

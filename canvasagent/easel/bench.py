@@ -159,8 +159,7 @@ def run(policy: str, cfg: BenchConfig, out_dir: str | Path | None = None,
         out = Path(out_dir)
         (out / "canvases").mkdir(parents=True, exist_ok=True)
         with open(out / "results.jsonl", "w") as f:
-            for r in results:
-                f.write(json.dumps(r.row()) + "\n")
+            f.writelines(json.dumps(r.row()) + "\n" for r in results)
         from PIL import Image
         for (r, canvas, strokes) in outs:
             Image.fromarray(render.to_uint8(canvas)).save(out / "canvases" / f"{r.task_id}_{r.policy}_{r.mode}.png")

@@ -156,8 +156,7 @@ def write_records(records: Iterable[dict], path: str | Path, parquet: bool = Tru
     path.parent.mkdir(parents=True, exist_ok=True)
     recs = list(records)
     with open(path, "w") as f:
-        for r in recs:
-            f.write(json.dumps(r) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in recs)
     if parquet and recs:
         try:
             from datasets import Dataset

@@ -97,8 +97,7 @@ def write_outputs(results: Sequence[SemanticResult], canvases: Sequence[np.ndarr
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.jsonl", "w") as f:
-        for r in results:
-            f.write(json.dumps(r.row()) + "\n")
+        f.writelines(json.dumps(r.row()) + "\n" for r in results)
     (out / "table.md").write_text(format_table(results))
     plot(results, out / "semantic.png")
     if canvases is not None:
