@@ -29,6 +29,7 @@ from canvasagent.interactive.session import Proposal, Session, parse_edit
 from canvasagent.core.policies.guards import GuardConfig, GuardedPolicy
 from canvasagent.core.policies.human import human_reply
 from canvasagent.policy_spec import build_policy
+from canvasagent.ui.rollouts import md_text
 from canvasagent.core.protocol import format_reply
 from canvasagent.core.tasks import Task
 from toolserver.client import make_toolbox
@@ -124,11 +125,6 @@ def _file(path: Any) -> dict[str, Any]:
     return {"path": str(path)}  # Gradio fills in the image MIME type, so the chat shows it inline
 
 
-def _md(text: str) -> str:
-    """Text from a model or a tool, safe in Markdown: no raw HTML, one line."""
-    return (text or "").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ").strip()
-
-
 class UIController:
     def __init__(self, config: UIConfig | None = None):
         self.config = config or UIConfig()
@@ -173,7 +169,7 @@ class UIController:
             return []
         task = s.trajectory.task
         assets = s.episode.assets
-        user: list[dict[str, Any]] = [_text(f"**Task** — {_md(task.instruction) or '_(no instruction)_'}  \nimglist: {assets.imglist_text()}")]
+        user: list[dict[str, Any]] = [_text(f"**Task** — {md_text(task.instruction) or '_(no instruction)_'}  \nimglist: {assets.imglist_text()}")]
         user += [_file(self._still(st, img)) for img in task.images]
         msgs = [{"role": "user", "content": user}]
         for t in s.trajectory.turns:
@@ -184,16 +180,16 @@ class UIController:
             else:
                 note = " _(arguments edited by you)_" if who == "edited" else ""
                 msgs.append({"role": "assistant", "content": [_text(
-                    f"**Turn {t.index + 1}** — reason: {_md(t.reason) or '_(none)_'}  \ncall: {call}{note}")]})
+                    f"**Turn {t.index + 1}** — reason: {md_text(t.reason) or '_(none)_'}  \ncall: {call}{note}")]})
             if t.error_code == "user_rejected":  # the user's decision, not a tool's observation
-                msgs.append({"role": "user", "content": [_text(f"✗ **you rejected turn {t.index + 1}** — {_md(t.error or '')}")]})
+                msgs.append({"role": "user", "content": [_text(f"✗ **you rejected turn {t.index + 1}** — {md_text(t.error or '')}")]})
                 continue
             if t.status == "terminate":
                 obs = "↳ finished"
             elif t.status == "ok":
-                obs = f"↳ observation: {_md(t.observation or t.tool_text or '')}"
+                obs = f"↳ observation: {md_text(t.observation or t.tool_text or '')}"
             else:
-                obs = f"↳ **{t.status}** ({t.error_code}): {_md(t.error or '')}"
+                obs = f"↳ **{t.status}** ({t.error_code}): {md_text(t.error or '')}"
             parts = [_text(obs)]
             if t.output_id and t.output_id in assets:
                 parts.append(_file(self._still(st, assets.get(t.output_id).image)))
@@ -202,7 +198,7 @@ class UIController:
         if p is not None:
             call = f"`{p.call.name} {json.dumps(p.call.arguments, ensure_ascii=False)}`" if p.call else ("`<Terminate>`" if p.terminates else "_no valid call_")
             msgs.append({"role": "assistant", "content": [_text(
-                f"**Proposed (turn {len(s.trajectory.turns) + 1})** — reason: {_md(p.parsed.reason) or '_(none)_'}  \ncall: {call}  \n"
+                f"**Proposed (turn {len(s.trajectory.turns) + 1})** — reason: {md_text(p.parsed.reason) or '_(none)_'}  \ncall: {call}  \n"
                 "_awaiting your decision: Approve, edit then Approve, or Reject_")]})
         if s.done:
             msgs.append({"role": "assistant", "content": [_text(f"■ session finished ({s.trajectory.stop_reason})")]})

@@ -297,18 +297,18 @@ class RolloutDetail:
                  f"components: {comps}"]
         if sub:
             lines.append(f"<details><summary>sub-terms</summary>\n\n{sub}\n\n</details>")
-        lines.append(f"> {_md(self.instruction)}")
+        lines.append(f"> {md_text(self.instruction)}")
         if r.errors:
-            lines.append("**tool errors:**\n" + "\n".join(f"- {_md(e)}" for e in r.errors))
+            lines.append("**tool errors:**\n" + "\n".join(f"- {md_text(e)}" for e in r.errors))
         for t in self.turns:
-            lines.append(f"**Turn {t.n}** — {_md(t.reason) or '_(no reason)_'}  \n"
+            lines.append(f"**Turn {t.n}** — {md_text(t.reason) or '_(no reason)_'}  \n"
                          f"call: {('`' + t.call + '`') if t.call else '_none_'} · {t.status}  \n"
-                         f"↳ {_md(t.observation)}" + (f" · image **{t.image.stem}**" if t.image else ""))
+                         f"↳ {md_text(t.observation)}" + (f" · image **{t.image.stem}**" if t.image else ""))
         return "\n\n".join(lines)
 
 
-def _md(s: str) -> str:
-    """Text safe to drop into Markdown: no raw HTML, one line."""
+def md_text(s: str) -> str:
+    """Text (from a model, a tool or a file) safe to drop into Markdown: no raw HTML, one line."""
     return (s or "").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ").strip()
 
 
