@@ -31,6 +31,7 @@ from canvasagent.evaluation.metrics import TaskResult, merge_samples, task_resul
 from canvasagent.core.policies.guards import GuardConfig, GuardedPolicy
 from canvasagent.core.tasks import Task
 from canvasagent.core.trajectory import Trajectory
+from toolserver.backends._base import seeded_torch
 from toolserver.client import make_toolbox
 
 log = logging.getLogger(__name__)
@@ -199,7 +200,7 @@ class EvalRunner:
         pool = ThreadPoolExecutor(max_workers=1 if seeded else max(1, self.config.workers), thread_name_prefix="eval")
         with contextlib.ExitStack() as stack:
             if seeded:
-                stack.enter_context(_seeded_torch(self.config.seed))
+                stack.enter_context(seeded_torch(self.config.seed))
             try:
                 futures = {pool.submit(self.run_task, t): t for t in todo}
                 for fut in as_completed(futures):
@@ -218,14 +219,3 @@ class EvalRunner:
                     tb.close()
                 self._toolboxes.clear()
         return [results[i] for i in ids if i in results]
-
-
-@contextlib.contextmanager
-def _seeded_torch(seed: int):
-    """torch's global RNG seeded for the block and restored after it, so an evaluation inside a
-    training run does not shift the run's own random stream."""
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield

@@ -9,6 +9,7 @@ per-call state.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -16,7 +17,7 @@ import logging
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from PIL import Image
 
@@ -141,6 +142,17 @@ def require(module: str, install_hint: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as e:
         raise BackendUnavailable(f"{module} is not importable ({e}); {install_hint}") from e
+
+
+@contextlib.contextmanager
+def seeded_torch(seed: int) -> Iterator[None]:
+    """torch's global RNG seeded with `seed` inside the block and restored after it, so building
+    a model or evaluating inside a training run does not shift the caller's random stream."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 def resolve_device(device: str | None) -> str:

@@ -15,7 +15,6 @@ as ``<kind>-v<version>-seed<seed>``, and are identical for a given seed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -24,9 +23,9 @@ import string
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from toolserver.backends._base import TINY_MARKER, parse_params
+from toolserver.backends._base import TINY_MARKER, parse_params, seeded_torch
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +40,6 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     env = os.environ.get("CANVASAGENT_CACHE")
     base = Path(env).expanduser() if env else Path.home() / ".cache" / "canvasagent"
     return base / "tiny"
-
-
-@contextlib.contextmanager
-def _seeded(seed: int) -> Iterator[None]:
-    """Seed torch for one build without disturbing the caller's RNG stream."""
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
 
 
 def _write_marker(out: Path, kind: str, seed: int, **extra: Any) -> None:
@@ -92,7 +81,7 @@ def build_tiny_flux2(out: Path, seed: int = DEFAULT_SEED) -> Path:
     tokenizer.chat_template = _CHAT_TEMPLATE
     hidden = 16
     out_layers = (1, 2, 3)  # klein concatenates three text-encoder layers (9, 18, 27 in the 4B model)
-    with _seeded(seed):
+    with seeded_torch(seed):
         text_encoder = Qwen3ForCausalLM(
             Qwen3Config(
                 vocab_size=len(vocab),
@@ -173,7 +162,7 @@ def build_tiny_grounding(out: Path, seed: int = DEFAULT_SEED) -> Path:
         decoder_n_points=2,
         max_text_len=32,
     )
-    with _seeded(seed):
+    with seeded_torch(seed):
         model = GroundingDinoForObjectDetection(config)
     # 128 px: the coarsest feature level (stride 64) must keep >1 value per GroupNorm group.
     processor = GroundingDinoProcessor(image_processor=image_processor_cls(size={"shortest_edge": 128, "longest_edge": 192}), tokenizer=tokenizer)
@@ -208,7 +197,7 @@ def build_tiny_sam(out: Path, seed: int = DEFAULT_SEED) -> Path:
     prompt = SamPromptEncoderConfig(hidden_size=16, image_size=frame, patch_size=patch, mask_input_channels=4)
     decoder = SamMaskDecoderConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, mlp_dim=32, iou_head_hidden_dim=16)
     config = SamConfig(vision_config=vision.to_dict(), prompt_encoder_config=prompt.to_dict(), mask_decoder_config=decoder.to_dict())
-    with _seeded(seed):
+    with seeded_torch(seed):
         model = SamModel(config)
     low_res = frame // patch * 4  # the decoder upsamples the embedding grid 4x
     image_processor = image_processor_cls(
