@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -115,26 +115,10 @@ class Turn:
         return self.status == "terminate"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "reply": self.reply,
-            "reason": self.reason,
-            "findings": [f.to_dict() for f in self.findings],
-            "call": self.call.to_dict() if self.call else None,
-            "n_calls": self.n_calls,
-            "check": self.check,
-            "status": self.status,
-            "error_code": self.error_code,
-            "error": self.error,
-            "tool_text": self.tool_text,
-            "output_id": self.output_id,
-            "result_data": self.result_data,
-            "observation": self.observation,
-            "imglist": self.imglist,
-            "plumbing_only": self.plumbing_only,
-            "policy_s": self.policy_s,
-            "tool_s": self.tool_s,
-        }
+        """Every field, in declaration order, with the findings and the call as their own dicts."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(findings=[f.to_dict() for f in self.findings], call=self.call.to_dict() if self.call else None)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Turn":
