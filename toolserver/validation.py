@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Protocol
 
@@ -85,15 +85,10 @@ class CallCheck:
         return list(self.args.get("__refs__", []))
 
     def to_dict(self) -> dict:
-        return {
-            "tool": self.tool,
-            "name_ok": self.name_ok,
-            "schema_ok": self.schema_ok,
-            "refs_total": self.refs_total,
-            "refs_found": self.refs_found,
-            "spec_ok": self.spec_ok,
-            "issues": [i.to_dict() for i in self.issues],
-        }
+        """Every field but the normalised `args`, in declaration order, with the issues as dicts."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "args"}
+        out["issues"] = [i.to_dict() for i in self.issues]
+        return out
 
 
 _NUM_SPLIT = re.compile(r"[,\s]+")
