@@ -58,6 +58,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,12 +214,8 @@ class ConcurrentToolRunner:
         out = []
         for name, fn, arguments in calls:
             ran = _Ran(name, arguments)
-            cap = self._caps.get(name)
             try:
-                if cap is not None:
-                    with cap:
-                        ran.value = fn(**arguments)
-                else:
+                with self._caps.get(name) or nullcontext():  # the tool's concurrency cap, if it has one
                     ran.value = fn(**arguments)
             except Exception as e:  # noqa: BLE001  (TRL turns any raising tool into an error message; so do we, later)
                 ran.error = e
