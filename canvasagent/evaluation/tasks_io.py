@@ -179,11 +179,8 @@ def write_tasks(tasks: list[Task], out_dir: str | Path) -> Path:
     lines = []
     for t in tasks:
         rec = t.to_dict()
-        paths = []
         stem = safe_file_name(t.id)  # task IDs come from data: never a path out of images/
-        for i, img in enumerate(t.images, 1):
-            paths.append(f"images/{save_image(img, out / 'images' / f'{stem}_{i}').name}")
-        rec["images"] = paths
+        rec["images"] = [f"images/{save_image(img, out / 'images' / f'{stem}_{i}').name}" for i, img in enumerate(t.images, 1)]
         refs = []
         for k, ref in enumerate(t.meta.get("reference_images") or []):
             if hasattr(ref, "save"):  # a PIL reference image is stored beside the inputs
