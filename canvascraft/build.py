@@ -110,11 +110,8 @@ def plan_jobs(kind: str, cfg: BuildConfig) -> list[ShardJob]:
     splits = [("train", cfg.seed, cfg.n)]
     if isinstance(cfg, RlConfig) and cfg.eval_n > 0:
         splits.append(("eval", cfg.eval_seed, cfg.eval_n))
-    jobs = []
-    for split, seed, n in splits:
-        for i, start in enumerate(range(0, n, cfg.shard_size)):
-            jobs.append(ShardJob(kind, split, i, seed, start, min(n, start + cfg.shard_size)))
-    return jobs
+    return [ShardJob(kind, split, i, seed, start, min(n, start + cfg.shard_size))
+            for split, seed, n in splits for i, start in enumerate(range(0, n, cfg.shard_size))]
 
 
 # -- the shard task (runs in a worker process or a Ray task) -----------------------------------
