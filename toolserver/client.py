@@ -207,7 +207,6 @@ class RayToolbox:
             # using them, so those are removed rather than reused.
             wire.release(pool, reuse)
         if wire.uses_shm and result.error_code == SHM_UNAVAILABLE:
-            # The replica is on another host: arrays from now on, for this deployment.
             log.warning("%s: replica cannot see this host's shared memory; sending arrays from now on", deployment)
             self._shm_off.add(deployment)
             return self._call(request)
