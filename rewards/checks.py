@@ -363,12 +363,9 @@ def _ocr_contains(ctx: CheckContext, check: dict[str, Any], final: Image.Image) 
     if isinstance(r, CheckResult):
         return r
     base = _baseline(ctx, check)
-    r0 = 0.0
-    if base is not None:
-        got = ratio(base)
-        if isinstance(got, CheckResult):
-            return got
-        r0 = got
+    r0 = ratio(base) if base is not None else 0.0
+    if isinstance(r0, CheckResult):
+        return r0
     score = calibrated(r, r0)
     if score is None:
         return CheckResult("ocr_contains", None, f"baseline_already_reads {target!r}: doing nothing would pass")
