@@ -96,9 +96,8 @@ def score_process(view: TrajectoryView, weights: Any) -> tuple[float, dict[str, 
     ok_tools = [c.tool for c in calls if c.status == "ok"]
     details: dict[str, float] = {}
     if not calls:
-        reason = "no_tool_call"
         if expected:
-            return 0.0, {"choice": 0.0, "order": 0.0, "relevance": 0.0}, reason
+            return 0.0, {"choice": 0.0, "order": 0.0, "relevance": 0.0}, "no_tool_call"
         return 1.0, {}, "no_tool_call_and_none_expected"
 
     terms: dict[str, float] = {}
@@ -133,8 +132,7 @@ def score_process(view: TrajectoryView, weights: Any) -> tuple[float, dict[str, 
             if getattr(weights, "flow", 0.0) > 0:
                 terms["flow"] = details["flow"]
     if not terms:
-        ok = bool(ok_tools)
-        return float(ok), details, "no_applicable_terms"
+        return float(bool(ok_tools)), details, "no_applicable_terms"
 
     wsum = sum(getattr(weights, k) for k in terms)
     score = sum(getattr(weights, k) * v for k, v in terms.items()) / wsum if wsum > 0 else 0.0
