@@ -220,18 +220,14 @@ class UIController:
         and a file that changes while the browser downloads it arrives corrupted."""
         s = st.session
         assert s is not None and st.dir is not None
-        export = st.dir / "export"
-        export.mkdir(parents=True, exist_ok=True)
+        export = st.dir / "export"  # write_once makes it
         version = f"{len(s.trajectory.turns):03d}-{len(s.trajectory.meta.get('rollbacks', []))}-{s.trajectory.stop_reason}"
         traj_file = write_once(export / f"trajectory-{version}.json",
                                lambda tmp: tmp.write_text(json.dumps(s.trajectory.to_dict(), indent=2, ensure_ascii=False, default=str)))
         files = [str(traj_file)]
         final = s.trajectory.final_asset()
         if final is not None:
-            img_file = export / f"final-{version}-{final.id}.png"
-            if not img_file.exists():
-                final.image.save(img_file)
-            files.append(str(img_file))
+            files.append(str(write_once(export / f"final-{version}-{final.id}.png", lambda tmp: final.image.save(tmp, format="PNG"))))
         return files
 
     def _log_proposal(self, st: UIState, p: Proposal) -> None:
@@ -423,11 +419,7 @@ class PaintController:
         """A write-once copy named by content: the live file is rewritten after every stroke, and a
         browser fetching it meanwhile would get a truncated image."""
         data = path.read_bytes()
-        out = d / "view" / f"{path.stem}-{hashlib.sha1(data).hexdigest()[:16]}.png"
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(data)
-        return str(out)
+        return str(write_once(d / "view" / f"{path.stem}-{hashlib.sha1(data).hexdigest()[:16]}.png", lambda tmp: tmp.write_bytes(data)))
 
     def start(self, st: PaintState, sample: str | None, upload: str | None, budget: Any, size: Any) -> PaintView:
         from canvasagent.interactive.paint import (
