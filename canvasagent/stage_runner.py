@@ -273,10 +273,8 @@ def train(cfg: Any) -> dict[str, Any]:
 
 def _set_args(overrides: dict[str, Any]) -> list[str]:
     """`--set key=value` pairs for `canvasagent.train`: None as null, non-text values as JSON."""
-    out = []
-    for k, v in overrides.items():
-        out += ["--set", f"{k}={'null' if v is None else json.dumps(v) if not isinstance(v, str) else v}"]
-    return out
+    return [arg for k, v in overrides.items()
+            for arg in ("--set", f"{k}={'null' if v is None else json.dumps(v) if not isinstance(v, str) else v}")]
 
 
 def train_command(kind: str, config: str, out: Path, overrides: dict[str, Any], log_path: Path,
