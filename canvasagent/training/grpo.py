@@ -19,32 +19,24 @@ from canvasagent.training.data import grpo_dataset
 from canvasagent.training.preflight import require_ready
 from canvasagent.training.rewarding import TRLRewards
 from canvasagent.training.sources import source_of
+from toolserver.backends._base import return_freed_memory
 
 log = logging.getLogger(__name__)
 
 
 def _return_freed_heap() -> Any:
-    """A TrainerCallback that hands freed heap pages back to the OS after every step (glibc only).
+    """A TrainerCallback that hands freed heap pages back to the OS after every step
+    (`return_freed_memory`: glibc's `malloc_trim(0)`, a few ms; elsewhere a no-op).
 
     A GRPO step allocates and frees hundreds of MB natively (tensors, tool images, processor
     buffers); glibc keeps the freed pages in its arenas, so RSS ratchets up over the run though
-    the live heap barely grows. `malloc_trim(0)` after each step returns them (it takes a few ms).
-    Elsewhere (no glibc) the callback does nothing.
+    the live heap barely grows.
     """
-    import ctypes
-    import ctypes.util
-
     from transformers import TrainerCallback
-
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        trim = None
 
     class ReturnFreedHeap(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            if trim is not None:
-                trim(0)
+            return_freed_memory()
 
     return ReturnFreedHeap()
 
