@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -24,6 +24,7 @@ import yaml
 
 from canvasagent.core.plotting import figure
 from canvasagent.evaluation.report import markdown_table
+from toolserver.config import from_dict
 
 from . import anchors, metrics, parallel, render, tasks
 from .canvas import CanvasSession
@@ -47,14 +48,6 @@ class BenchConfig:
     painter: PainterConfig = field(default_factory=PainterConfig)
 
 
-def _dc_from(cls, d: dict | None):
-    names = {f.name for f in fields(cls)}
-    unknown = set(d or {}) - names
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} keys: {sorted(unknown)}")
-    return cls(**(d or {}))
-
-
 def load_config(path: str | Path | None = None) -> BenchConfig:
     """Read configs/easel/default.yaml (or ``path``) into a BenchConfig."""
     p = Path(path) if path else DEFAULT_CONFIG
@@ -63,8 +56,8 @@ def load_config(path: str | Path | None = None) -> BenchConfig:
     for key in ("categories", "budgets"):
         if key in b:
             b[key] = tuple(b[key])
-    painter = _dc_from(PainterConfig, raw.get("painter"))
-    return replace(_dc_from(BenchConfig, b), painter=painter)
+    painter = from_dict(PainterConfig, raw.get("painter"))
+    return replace(from_dict(BenchConfig, b), painter=painter)
 
 
 def budget_for(task: tasks.ReconstructionTask, mode: str | int) -> int:
