@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from canvasagent.evaluation.agent.search import (
 )
 from canvasagent.evaluation.agent.target import NOT_CONFIGURED, Target
 from canvasagent.evaluation.agent.types import AgentResult, Evidence, Plan, Round
-from toolserver.config import find_config, load_yaml
+from toolserver.config import find_config, from_dict, load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +56,15 @@ class AgentConfig:
 
     @classmethod
     def load(cls, name_or_path: str = "default") -> AgentConfig:
-        data = load_yaml(find_config(name_or_path, "eval_agent")) or {}
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
+        """configs/eval_agent/<name>.yaml (or a path); unknown keys, top-level or under `search`,
+        and `settings` for properties no suite tests are refused (ValueError)."""
+        data = load_yaml(find_config(name_or_path, "eval_agent"))
+        data["search"] = data.get("search") or {}
+        cfg = from_dict(cls, data)
+        unknown = set(cfg.settings or {}) - set(SUITES)
         if unknown:
-            raise ValueError(f"eval_agent config: unknown keys {sorted(unknown)} (known: {sorted(known)})")
-        search = data.pop("search", {}) or {}
-        bad = set(search) - {f.name for f in fields(SearchConfig)}
-        if bad:
-            raise ValueError(f"eval_agent config: unknown search keys {sorted(bad)}")
-        settings = data.get("settings") or {}
-        if set(settings) - set(SUITES):
-            raise ValueError(f"eval_agent config: settings for unknown properties {sorted(set(settings) - set(SUITES))}")
-        return cls(search=SearchConfig(**search), **data)
+            raise ValueError(f"eval_agent config: settings for unknown properties {sorted(unknown)}")
+        return cfg
 
     def planner_view(self) -> dict[str, Any]:
         return {"terms": self.terms, "dark_backgrounds": self.dark_backgrounds}
