@@ -300,8 +300,6 @@ def run_episode(
             t0 = time.perf_counter()
             try:
                 reply = policy.act(ep.context(), ep)
-            except KeyboardInterrupt:
-                raise
             except Exception as e:  # an endpoint down or a crashing model: keep what we have
                 log.warning("policy %s failed: %s", traj.meta["policy"], e)
                 ep.finish("policy_error", f"{type(e).__name__}: {e}")

@@ -172,8 +172,7 @@ class Session:
 
     def finish(self, reason: str = "user_closed") -> Trajectory:
         """End the session (the user closed it); everything so far stays saved."""
-        if not self.episode.done:
-            self.episode.finish(reason)
+        self.episode.finish(reason)  # a no-op when the episode already ended
         self.save()
         return self.trajectory
 
