@@ -140,13 +140,10 @@ class ServeConfig:
         data = copy.deepcopy(data)
         defaults = data.pop("defaults", None) or {}
         tool_data = data.pop("tools", None) or {}
-        http = data.pop("http", None) or {}
         pure = data.pop("pure", None) or {}
-        limits = data.pop("limits", None) or {}
+        data.update(http=data.get("http") or {}, limits=data.get("limits") or {})  # from_dict builds them
         try:
             cfg = from_dict(cls, data)
-            cfg.http = from_dict(HttpConfig, http)
-            cfg.limits = from_dict(Limits, limits)
             cfg.pure = from_dict(ToolServeConfig, _merge(defaults, pure))
             cfg.tools = {name: from_dict(ToolServeConfig, _merge(defaults, body or {})) for name, body in tool_data.items()}
             # Tools the YAML leaves out still get the defaults (a pure tool becomes a deployment).
