@@ -20,7 +20,7 @@ angle, Crop's box, Flip's direction, Overlay's text and position, ...), among th
 call of that tool (same occurrence) ran, the share that passed exactly the reference's value. A
 last line says whether GRPO's own groups paid a second call: in the dumped training rollouts, the
 mean hybrid difference between rollouts with two or more tool calls (failed ones count) and
-those with one.
+those with one; and a line on whether they paid a success (passing minus failing rollouts of a group).
 """
 
 from __future__ import annotations
@@ -154,6 +154,35 @@ def group_preference(runs: list[Path]) -> list[str]:
             f"calls minus one call: {sum(diffs) / len(diffs):+.3f} on average, higher in {sum(d > 0 for d in diffs)}."]
 
 
+def success_signal(runs: list[Path]) -> list[str]:
+    """Whether GRPO's groups paid a success: over the dumped training rollouts, the groups (step,
+    task) holding both a rollout that passed every check (`align/passed` 1) and one that made a
+    call and did not; per set of tools the passing rollouts called, how many such groups and the
+    mean hybrid difference (passing minus failing). Groups without both give no success signal."""
+    diffs: dict[str, list[float]] = {}
+    n_groups = 0
+    for run in runs:
+        groups: dict[tuple, list[dict]] = {}
+        path = run / "grpo" / "trajectories" / "rollouts.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            r = json.loads(line)
+            groups.setdefault((r["step"], r["task_id"]), []).append(r)
+        n_groups += len(groups)
+        for rs in groups.values():
+            passed = [r for r in rs if r["scores"].get("align/passed") == 1.0]
+            failed = [r["scores"]["hybrid"] for r in rs if r not in passed and r["tools"]]
+            if passed and failed:
+                tools = "+".join(sorted({t for r in passed for t in r["tools"]}))
+                gap = sum(r["scores"]["hybrid"] for r in passed) / len(passed) - sum(failed) / len(failed)
+                diffs.setdefault(tools, []).append(gap)
+    if not diffs:
+        return [f"No dumped GRPO group (of {n_groups}) held both a rollout that passed every check and one that failed."]
+    n = sum(len(v) for v in diffs.values())
+    parts = [f"{tools} {len(v)} ({sum(v) / len(v):+.3f})" for tools, v in sorted(diffs.items(), key=lambda kv: -len(kv[1]))]
+    return [f"GRPO groups with both a rollout that passed every check and one that failed: {n} of {n_groups} dumped; "
+            f"by the passing rollouts' tools, groups (mean hybrid passing minus failing): {', '.join(parts)}."]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path)
@@ -168,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
              *table(args.runs, tuple(args.stages)), "",
              "Parameter precision: per argument of the reference calls that is not an asset, the share of the "
              "episodes that ran that call which passed exactly the reference's value (exact/compared).", "",
-             *precision_table(args.runs, tuple(args.stages)), "", *group_preference(args.runs)]
+             *precision_table(args.runs, tuple(args.stages)), "", *group_preference(args.runs),
+             *success_signal(args.runs)]
     text = "\n".join(lines) + "\n"
     if args.results:
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from chain_behaviour import group_preference, precision_table, table as ending_table  # a sibling script: benchmarks/ is on sys.path
+    from chain_behaviour import group_preference, precision_table, success_signal, table as ending_table  # a sibling script: benchmarks/ is on sys.path
     from canvasagent.pipeline import PipelineConfig, run_pipeline
     from canvasagent.training.config import parse_override
 
@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         "Parameter precision (per non-asset argument of the reference calls, the share of the episodes that ran "
         "that call which passed exactly the reference's value; benchmarks/chain_behaviour.py):", "",
         *precision_table([out / f"seed_{seed}" for seed in args.seeds]), "",
-        *group_preference([out / f"seed_{seed}" for seed in args.seeds]), "",
+        *group_preference([out / f"seed_{seed}" for seed in args.seeds]),
+        *success_signal([out / f"seed_{seed}" for seed in args.seeds]), "",
         "Targets: " + "; ".join(f"{k}: **{'met' if v else 'NOT met'}**" for k, v in targets.items()) + ".",
         f"Wall time: {summary['wall_s']} s.", ""])
     (out / "train_evidence.md").write_text(md)
