@@ -131,55 +131,58 @@ def table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "eval_grpo"))
     return lines
 
 
-def group_preference(runs: list[Path]) -> list[str]:
-    """What GRPO's groups paid for a second call: over the dumped training rollouts
-    (`grpo/trajectories/rollouts.jsonl`, whose `tools` lists every call made, failed ones too),
-    the groups (step, task) holding both a rollout with one call and one with two or more; the
-    mean hybrid difference (two or more minus one) and how many groups paid the longer more."""
-    diffs: list[float] = []
+def grpo_groups(runs: list[Path]) -> list[list[dict]]:
+    """The dumped GRPO training rollouts (`grpo/trajectories/rollouts.jsonl`, whose `tools` lists
+    every call made, failed ones too) of every run, grouped by (run, step, task); a run without
+    the file adds none."""
+    groups: list[list[dict]] = []
     for run in runs:
-        groups: dict[tuple, list[dict]] = {}
+        by_key: dict[tuple, list[dict]] = {}
         path = run / "grpo" / "trajectories" / "rollouts.jsonl"
         for line in path.read_text().splitlines() if path.exists() else []:
             r = json.loads(line)
-            groups.setdefault((r["step"], r["task_id"]), []).append(r)
-        for rs in groups.values():
-            one = [r["scores"]["hybrid"] for r in rs if len(r["tools"]) == 1]
-            more = [r["scores"]["hybrid"] for r in rs if len(r["tools"]) >= 2]
-            if one and more:
-                diffs.append(sum(more) / len(more) - sum(one) / len(one))
+            by_key.setdefault((r["step"], r["task_id"]), []).append(r)
+        groups.extend(by_key.values())
+    return groups
+
+
+def _mean_hybrid(rollouts: list[dict]) -> float:
+    return sum(r["scores"]["hybrid"] for r in rollouts) / len(rollouts)
+
+
+def group_preference(groups: list[list[dict]]) -> list[str]:
+    """What GRPO's groups (`grpo_groups`) paid for a second call: the groups holding both a
+    rollout with one call and one with two or more; the mean hybrid difference (two or more minus
+    one) and how many groups paid the longer more."""
+    diffs: list[float] = []
+    for rs in groups:
+        one = [r for r in rs if len(r["tools"]) == 1]
+        more = [r for r in rs if len(r["tools"]) >= 2]
+        if one and more:
+            diffs.append(_mean_hybrid(more) - _mean_hybrid(one))
     if not diffs:
         return ["No dumped GRPO group held both a one-call and a longer rollout."]
     return [f"GRPO groups with both a one-call and a longer rollout: {len(diffs)}; hybrid of two or more "
             f"calls minus one call: {sum(diffs) / len(diffs):+.3f} on average, higher in {sum(d > 0 for d in diffs)}."]
 
 
-def success_signal(runs: list[Path]) -> list[str]:
-    """Whether GRPO's groups paid a success: over the dumped training rollouts, the groups (step,
-    task) holding both a rollout that passed every check (`align/passed` 1) and one that made a
-    call and did not; per set of tools the passing rollouts called, how many such groups and the
-    mean hybrid difference (passing minus failing). Groups without both give no success signal."""
+def success_signal(groups: list[list[dict]]) -> list[str]:
+    """Whether GRPO's groups (`grpo_groups`) paid a success: the groups holding both a rollout
+    that passed every check (`align/passed` 1) and one that made a call and did not; per set of
+    tools the passing rollouts called, how many such groups and the mean hybrid difference
+    (passing minus failing). Groups without both give no success signal."""
     diffs: dict[str, list[float]] = {}
-    n_groups = 0
-    for run in runs:
-        groups: dict[tuple, list[dict]] = {}
-        path = run / "grpo" / "trajectories" / "rollouts.jsonl"
-        for line in path.read_text().splitlines() if path.exists() else []:
-            r = json.loads(line)
-            groups.setdefault((r["step"], r["task_id"]), []).append(r)
-        n_groups += len(groups)
-        for rs in groups.values():
-            passed = [r for r in rs if r["scores"].get("align/passed") == 1.0]
-            failed = [r["scores"]["hybrid"] for r in rs if r not in passed and r["tools"]]
-            if passed and failed:
-                tools = "+".join(sorted({t for r in passed for t in r["tools"]}))
-                gap = sum(r["scores"]["hybrid"] for r in passed) / len(passed) - sum(failed) / len(failed)
-                diffs.setdefault(tools, []).append(gap)
+    for rs in groups:
+        passed = [r for r in rs if r["scores"].get("align/passed") == 1.0]
+        failed = [r for r in rs if r["scores"].get("align/passed") != 1.0 and r["tools"]]
+        if passed and failed:
+            tools = "+".join(sorted({t for r in passed for t in r["tools"]}))
+            diffs.setdefault(tools, []).append(_mean_hybrid(passed) - _mean_hybrid(failed))
     if not diffs:
-        return [f"No dumped GRPO group (of {n_groups}) held both a rollout that passed every check and one that failed."]
+        return [f"No dumped GRPO group (of {len(groups)}) held both a rollout that passed every check and one that failed."]
     n = sum(len(v) for v in diffs.values())
     parts = [f"{tools} {len(v)} ({sum(v) / len(v):+.3f})" for tools, v in sorted(diffs.items(), key=lambda kv: -len(kv[1]))]
-    return [f"GRPO groups with both a rollout that passed every check and one that failed: {n} of {n_groups} dumped; "
+    return [f"GRPO groups with both a rollout that passed every check and one that failed: {n} of {len(groups)} dumped; "
             f"by the passing rollouts' tools, groups (mean hybrid passing minus failing): {', '.join(parts)}."]
 
 
@@ -192,13 +195,14 @@ def main(argv: list[str] | None = None) -> int:
     missing = [str(r) for r in args.runs if not r.is_dir()]
     if missing:
         ap.error(f"not a run folder: {', '.join(missing)}")
+    groups = grpo_groups(args.runs)
     lines = [f"# How held-out chains end ({', '.join(str(r) for r in args.runs)})", "",
              "Share of saved evaluation episodes per ending (tasks whose reference has two or more calls).", "",
              *table(args.runs, tuple(args.stages)), "",
              "Parameter precision: per argument of the reference calls that is not an asset, the share of the "
              "episodes that ran that call which passed exactly the reference's value (exact/compared).", "",
-             *precision_table(args.runs, tuple(args.stages)), "", *group_preference(args.runs),
-             *success_signal(args.runs)]
+             *precision_table(args.runs, tuple(args.stages)), "", *group_preference(groups),
+             *success_signal(groups)]
     text = "\n".join(lines) + "\n"
     if args.results:
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)

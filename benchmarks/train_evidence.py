@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from chain_behaviour import group_preference, precision_table, success_signal, table as ending_table  # a sibling script: benchmarks/ is on sys.path
+    from chain_behaviour import grpo_groups, group_preference, precision_table, success_signal, table as ending_table  # a sibling script: benchmarks/ is on sys.path
     from canvasagent.pipeline import PipelineConfig, run_pipeline
     from canvasagent.training.config import parse_override
 
@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                "wall_s": round(time.perf_counter() - t0, 1)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_evidence.json").write_text(json.dumps(summary, indent=2, default=str))
+    seed_runs = [out / f"seed_{seed}" for seed in args.seeds]
+    groups = grpo_groups(seed_runs)
     md = "\n".join([
         f"# Training evidence (pipeline config `{args.config}`, held-out tasks, paired per task)", "",
         "Reward: hybrid reward (paper preset, offline judges); success: every verifiable check passed; format validity: "
@@ -180,12 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         "chain: two or more calls), pooled over the seeds, paired per task:", "", *fam_lines, "",
         "Per held-out chain, pooled over the seeds:", "", *chain_lines, "",
         "How the held-out chains end (share of episodes, pooled over the seeds; benchmarks/chain_behaviour.py):", "",
-        *ending_table([out / f"seed_{seed}" for seed in args.seeds]), "",
+        *ending_table(seed_runs), "",
         "Parameter precision (per non-asset argument of the reference calls, the share of the episodes that ran "
         "that call which passed exactly the reference's value; benchmarks/chain_behaviour.py):", "",
-        *precision_table([out / f"seed_{seed}" for seed in args.seeds]), "",
-        *group_preference([out / f"seed_{seed}" for seed in args.seeds]),
-        *success_signal([out / f"seed_{seed}" for seed in args.seeds]), "",
+        *precision_table(seed_runs), "",
+        *group_preference(groups), *success_signal(groups), "",
         "Targets: " + "; ".join(f"{k}: **{'met' if v else 'NOT met'}**" for k, v in targets.items()) + ".",
         f"Wall time: {summary['wall_s']} s.", ""])
     (out / "train_evidence.md").write_text(md)

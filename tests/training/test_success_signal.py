@@ -26,7 +26,7 @@ def test_counts_only_groups_with_a_pass_and_a_failed_call(tmp_path):
         (1, "t1", ["Crop"], 0.0, 0.4), (1, "t1", ["Crop"], 0.0, 0.2),  # no pass: no signal
     ])
     _dump(tmp_path / "b", [(0, "t1", ["Rotate", "OCR"], 1.0, 1.0), (0, "t1", ["Rotate"], 0.0, 0.6)])
-    [line] = chain_behaviour.success_signal([tmp_path / "a", tmp_path / "b"])
+    [line] = chain_behaviour.success_signal(chain_behaviour.grpo_groups([tmp_path / "a", tmp_path / "b"]))
     assert "2 of 4 dumped" in line
     assert "Crop 1 (+0.500)" in line and "OCR+Rotate 1 (+0.400)" in line
     assert "Rotate 1" not in line.replace("OCR+Rotate", "")
@@ -34,5 +34,5 @@ def test_counts_only_groups_with_a_pass_and_a_failed_call(tmp_path):
 
 def test_says_so_when_no_group_carries_a_success(tmp_path):
     _dump(tmp_path / "a", [(0, "t1", ["Crop"], 0.0, 0.4), (0, "t1", ["Crop"], 0.0, 0.2)])
-    assert chain_behaviour.success_signal([tmp_path / "a", tmp_path / "missing"]) == [
+    assert chain_behaviour.success_signal(chain_behaviour.grpo_groups([tmp_path / "a", tmp_path / "missing"])) == [
         "No dumped GRPO group (of 1) held both a rollout that passed every check and one that failed."]
