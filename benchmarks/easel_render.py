@@ -9,10 +9,9 @@ our alpha against the same stroke model with t* from dense sampling (4097 t),
 which is where folded strokes used to fail. Strokes are drawn uniformly from
 [0, 1]^13 (seeded). Single-threaded: run with OMP_NUM_THREADS=1.
 
-Both implementations of our renderer are timed in the same interleaved rounds:
-the compiled numba kernel (the default) and the numpy one. The numba kernel's
-one-off cost is reported separately and kept out of the ratios (the timed
-functions are warmed first): compiling in a fresh process with an empty cache,
+Our renderer is the compiled numba kernel. Its one-off cost is reported
+separately and kept out of the ratios (the timed functions are warmed first):
+compiling in a fresh process with an empty cache,
 and loading from the cache in the next process (``cache=True``), each in a
 child process with its own ``NUMBA_CACHE_DIR``.
 
@@ -98,12 +97,6 @@ def numba_first_call() -> tuple[dict, dict]:
     return runs[0], runs[1]
 
 
-def kernel_diff(size: int, strokes: np.ndarray) -> float:
-    """Largest |alpha_numba - alpha_numpy| over the strokes."""
-    return max(float(np.abs(render.alpha_np(p, size, kernel="numba") - render.alpha_np(p, size, kernel="numpy")).max())
-               for p in strokes)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer strokes (smoke run)")
@@ -116,38 +109,28 @@ def main() -> None:
     print(f"numba kernel, CPU s: import {cold['import']:.2f} + first renders {cold['first_call']:.2f} "
           f"with an empty cache (compiles); import {warm['import']:.2f} + first renders "
           f"{warm['first_call']:.2f} from the cache")
-    print("| size | mode | numba strokes/s | numpy strokes/s | reference strokes/s | numba speed-up "
-          "| numpy speed-up |")
-    print("|---|---|---|---|---|---|---|")
+    print("| size | mode | ours strokes/s | reference strokes/s | speed-up |")
+    print("|---|---|---|---|---|")
     for size in (128, 512):
         canvas = render.blank_canvas(size)
         n_single = 8 if args.quick else 32
         it = iter(range(10**9))
 
-        def one(kernel):
-            return lambda: render.apply_stroke(canvas, strokes[next(it) % n_single], kernel=kernel)
+        def one():
+            render.apply_stroke(canvas, strokes[next(it) % n_single])
 
         def ref_one():
             p = strokes[next(it) % n_single]
             composite_np(canvas, reference_alpha(p, size), p[10:13])
 
         batch = strokes[:64].astype(np.float32)
-        fns = {"numba": one("numba"), "numpy": one("numpy"), "ref": ref_one,
-               "batch_numba": lambda: render.render_batch_np(canvas, batch, kernel="numba"),
-               "batch_numpy": lambda: render.render_batch_np(canvas, batch, kernel="numpy")}
+        fns = {"ours": one, "ref": ref_one, "batch": lambda: render.render_batch_np(canvas, batch)}
         min_s = 0.3 if args.quick else 1.0
         t = _time_rounds(fns, rounds=3 if args.quick else 5, min_s=min_s, max_n={"ref": n_single})
         t_ref = t["ref"]
-        for mode, a, b in (("single", t["numba"], t["numpy"]),
-                           ("batch64", t["batch_numba"] / 64, t["batch_numpy"] / 64)):
+        for mode, a in (("single", t["ours"]), ("batch64", t["batch"] / 64)):
             # the reference has no batch path: a batch costs 64 single renders
-            print(f"| {size} | {mode} | {1 / a:.1f} | {1 / b:.1f} | {1 / t_ref:.2f} | {t_ref / a:.1f}x "
-                  f"| {t_ref / b:.1f}x |")
-
-    n_eq = 8 if args.quick else 32
-    eq = {size: kernel_diff(size, strokes[:n_eq]) for size in (64, 128, 512)}
-    print(f"\nnumba vs numpy kernel, max |alpha difference| over {n_eq} strokes: "
-          + ", ".join(f"{size}^2 {d:.2g}" for size, d in eq.items()))
+            print(f"| {size} | {mode} | {1 / a:.1f} | {1 / t_ref:.2f} | {t_ref / a:.1f}x |")
 
     print("\nPSNR (dB) against a 4x-supersampled render (sequence of strokes composited on white)")
     print("| size | strokes | ours | reference |")

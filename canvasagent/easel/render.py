@@ -52,14 +52,10 @@ pixel centre ``x``:
 4. Source-over compositing per channel: ``C <- C (1 - A) + c A``.
 
 Strokes are evaluated only inside the bounding box of the curve grown by the
-larger radius + 1 px (alpha is exactly 0 outside). Two implementations of the
-same rasterisation, equal to float32 rounding (bit-identical on the tested
-strokes): a compiled per-pixel kernel (:mod:`canvasagent.easel.render_nb`,
-numba; the default when numba imports) and the numpy one
-(:mod:`canvasagent.easel.render_np`, the fallback). ``CANVASAGENT_EASEL_KERNEL
-= numba | numpy`` or the ``kernel`` argument of the numpy-facing helpers
-chooses. The torch path (:func:`stroke_alpha`, differentiable) takes the same
-``t*`` from there; with explicit ``k``/``golden_steps`` it instead uses a
+larger radius + 1 px (alpha is exactly 0 outside). The numpy-facing helpers
+run a compiled per-pixel kernel (:mod:`canvasagent.easel.render_nb`, numba).
+The torch path (:func:`stroke_alpha`, differentiable) takes the same ``t*``
+from it; with explicit ``k``/``golden_steps`` it instead uses a
 cheaper approximate search (``k`` coarse samples, golden-section refinement
 around the best; it can settle on the lower of two maxima), which only the
 painter's optimisation loop uses. Strokes
@@ -77,14 +73,11 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
-
-from . import render_np
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +89,7 @@ _ALIASES = {"os": "as", "oe": "ae"}
 PATH_NAMES: tuple[str, ...] = PARAM_NAMES[:6]
 R_MIN_PX = 0.5
 R_MAX_FRAC = 0.25
-# Exact-path search (render_np): samples per distance basin, Newton steps.
+# Exact-path search (render_nb): samples per distance basin, Newton steps.
 SEARCH_SAMPLES = 12
 NEWTON_STEPS = 3
 # The approximate path (explicit ``k``/``golden_steps``, the painter's
@@ -105,9 +98,6 @@ GOLDEN_STEPS = 10
 # Pixels covered by a sample need t* only for the opacity a(t*): 5 steps put t*
 # within ~0.008 of the maximiser, an opacity error <= 0.008 |oe - os|.
 OPACITY_GOLDEN_STEPS = 5
-# Implementations of the numpy-facing helpers (same output; see the docstring).
-KERNELS = ("numba", "numpy")
-KERNEL_ENV = "CANVASAGENT_EASEL_KERNEL"
 # Above this many (stroke x pixel) elements the batch is processed in chunks to
 # bound the size of temporaries.
 _CHUNK_ELEMS = 1 << 18
@@ -324,7 +314,7 @@ def stroke_alpha(params: torch.Tensor, h: int, w: int, *, x_off: int = 0, y_off:
     """Alpha maps (B, crop_h, crop_w) for strokes ``params`` (B, 13) on an h x w canvas.
 
     Differentiable w.r.t. ``params``. ``x_off/y_off/crop_*`` select a window of
-    the canvas. By default t* is the exact one (:mod:`render_np`, on the CPU;
+    the canvas. By default t* is the exact one (:mod:`render_nb`, on the CPU;
     it carries no gradient); giving ``k`` and/or ``golden_steps`` selects the
     cheaper approximate search (coarse samples + golden section, which can
     pick the lower of two maxima), used inside the painter's optimisation loop.
@@ -337,12 +327,12 @@ def stroke_alpha(params: torch.Tensor, h: int, w: int, *, x_off: int = 0, y_off:
     geo = _geometry(params, h, w)
     with torch.no_grad():
         if k is None and golden_steps is None:
-            pn = params.detach().cpu().numpy()
-            win = (x_off, y_off, x_off + cw, y_off + ch)
-            ts = [render_np.tstar_window(p, h, w, win, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)[0]
-                  for p in pn]
-            tstar = torch.from_numpy(np.stack(ts) if ts else np.zeros((0, ch, cw), np.float32))
-            tstar = tstar.to(device=dev, dtype=dt)
+            nb, pn = _render_nb(), _nb_params(params.detach().cpu().numpy())
+            ts, scratch = np.empty((pn.shape[0], ch, cw), np.float32), np.empty((ch, cw), np.float32)
+            for p, t in zip(pn, ts):
+                nb.stroke_window(p, h, w, x_off, y_off, x_off + cw, y_off + ch, R_MIN_PX, R_MAX_FRAC,
+                                 SEARCH_SAMPLES, NEWTON_STEPS, t, scratch)
+            tstar = torch.from_numpy(ts).to(device=dev, dtype=dt)
         else:
             geo_ng = tuple(g.detach() for g in geo)
             varying = (geo_ng[9] - geo_ng[8]).abs() > 1e-6
@@ -413,36 +403,13 @@ def blank_canvas(h: int, w: int | None = None) -> np.ndarray:
     return np.ones((h, w or h, 3), dtype=np.float32)
 
 
-def _bbox(p: np.ndarray, h: int, w: int) -> tuple[int, int, int, int]:
-    """Pixel window containing every pixel the stroke can touch."""
-    return render_np.bbox(p, h, w, R_MIN_PX, R_MAX_FRAC)
-
-
-def _alpha_window_np(p: np.ndarray, h: int, w: int, win: tuple[int, int, int, int]) -> np.ndarray:
-    return render_np.stroke_alpha_window(p, h, w, win, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
-
-
 @functools.cache
 def _render_nb():
-    """The compiled kernel module, or None without numba. Imported on first
-    use: importing numba costs ~0.5 s, which processes that never render
-    (the tool server's parent, the trainers) should not pay."""
-    try:
-        from . import render_nb
-    except ImportError as e:
-        log.info("numba unavailable (%s): EASEL renders with the numpy kernel", e)
-        return None
+    """The compiled kernel module, imported on first use: importing numba costs ~0.5 s, which
+    processes that never render (the tool server's parent, the trainers) should not pay."""
+    from . import render_nb
+
     return render_nb
-
-
-def resolve_kernel(kernel: str | None = None) -> str:
-    """``kernel``, else $CANVASAGENT_EASEL_KERNEL, else numba when it imports."""
-    k = kernel or os.environ.get(KERNEL_ENV) or ("numba" if _render_nb() is not None else "numpy")
-    if k not in KERNELS:
-        raise ValueError(f"unknown EASEL kernel {k!r}; expected one of {KERNELS}")
-    if k == "numba" and _render_nb() is None:
-        raise ImportError("EASEL kernel 'numba' requested but numba does not import")
-    return k
 
 
 def _nb_params(p) -> np.ndarray:
@@ -450,89 +417,45 @@ def _nb_params(p) -> np.ndarray:
     return np.ascontiguousarray(p, dtype=np.float32)
 
 
-def alpha_np(params: Sequence[float] | np.ndarray, h: int, w: int | None = None,
-             kernel: str | None = None) -> np.ndarray:
+def alpha_np(params: Sequence[float] | np.ndarray, h: int, w: int | None = None) -> np.ndarray:
     """Alpha map (H, W) float32 of one stroke (bounding-box restricted)."""
     w = w or h
-    p = np.asarray(params, dtype=np.float32)
+    p = _nb_params(params)
     out = np.zeros((h, w), dtype=np.float32)
-    x0, y0, x1, y1 = win = _bbox(p, h, w)
+    nb = _render_nb()
+    x0, y0, x1, y1 = nb.bbox(p, h, w, R_MIN_PX, R_MAX_FRAC)
     if x1 > x0 and y1 > y0:
-        if resolve_kernel(kernel) == "numba":
-            a = np.empty((y1 - y0, x1 - x0), np.float32)
-            _render_nb().alpha_window(_nb_params(p), h, w, x0, y0, x1, y1, R_MIN_PX, R_MAX_FRAC,
-                                      SEARCH_SAMPLES, NEWTON_STEPS, a)
-            out[y0:y1, x0:x1] = a
-        else:
-            out[y0:y1, x0:x1] = _alpha_window_np(p, h, w, win)
+        a = np.empty((y1 - y0, x1 - x0), np.float32)
+        nb.stroke_window(p, h, w, x0, y0, x1, y1, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS,
+                         np.empty_like(a), a)
+        out[y0:y1, x0:x1] = a
     return out
 
 
-def apply_stroke(canvas: np.ndarray, params: Sequence[float] | np.ndarray, kernel: str | None = None) -> np.ndarray:
+def apply_stroke(canvas: np.ndarray, params: Sequence[float] | np.ndarray) -> np.ndarray:
     """Return a new canvas (H, W, 3) with one 13-parameter stroke composited."""
-    p = np.asarray(params, dtype=np.float32)
-    h, w = canvas.shape[:2]
-    out = np.array(canvas, dtype=np.float32, order="C", copy=True)
-    if resolve_kernel(kernel) == "numba":
-        _render_nb().composite_stroke(out, _nb_params(p), R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
-        return out
-    x0, y0, x1, y1 = win = _bbox(p, h, w)
-    if x1 <= x0 or y1 <= y0:
-        return out
-    _composite_window(out, _alpha_window_np(p, h, w, win), p[10:13], win)
-    return out
-
-
-def _composite_window(out: np.ndarray, a: np.ndarray, color: np.ndarray, win: tuple[int, int, int, int]) -> None:
-    """In place on a C-order (H, W, 3) canvas: C += (c - C) A inside ``win``.
-
-    Each window row is one run of (x, channel) values: a trailing axis of 3
-    makes numpy loop in runs of 3 elements, ~3x slower. Rows of a C-order
-    canvas are contiguous, so the reshape is a view.
-    """
-    x0, y0, x1, y1 = win
-    nh, nw = y1 - y0, x1 - x0
-    win_px = out[y0:y1, x0:x1].reshape(nh, nw * 3)
-    d = np.tile(color, nw) - win_px
-    d *= np.repeat(a, 3, axis=1)
-    win_px += d
+    return render_strokes([params], *canvas.shape[:2], canvas=canvas)
 
 
 def render_strokes(strokes: Sequence[Sequence[float]] | np.ndarray, h: int, w: int | None = None,
-                   canvas: np.ndarray | None = None, kernel: str | None = None) -> np.ndarray:
+                   canvas: np.ndarray | None = None) -> np.ndarray:
     """Composite strokes in order (one at a time, bbox-accelerated) -> (H, W, 3)."""
     w = w or h
     out = blank_canvas(h, w) if canvas is None else np.array(canvas, dtype=np.float32, order="C", copy=True)
-    ps = np.asarray(strokes, dtype=np.float32).reshape(-1, N_PARAMS)
-    if resolve_kernel(kernel) == "numba":
-        nb = _render_nb()
-        for p in ps:  # in place: no per-stroke canvas copy
-            nb.composite_stroke(out, _nb_params(p), R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
-        return out
-    for p in ps:
-        out = apply_stroke(out, p, kernel="numpy")
+    nb = _render_nb()
+    for p in _nb_params(np.asarray(strokes, dtype=np.float32).reshape(-1, N_PARAMS)):
+        nb.composite_stroke(out, p, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)  # in place
     return out
 
 
-def render_batch_np(canvas: np.ndarray, params: np.ndarray, kernel: str | None = None) -> np.ndarray:
-    """Batch of independent strokes on one canvas: (B, H, W, 3).
-
-    Each stroke is rendered in its bounding box; with the numba kernel the
-    whole batch is one compiled call, with numpy one window at a time
-    (per-stroke torch ops cost more than the arithmetic here).
-    """
+def render_batch_np(canvas: np.ndarray, params: np.ndarray) -> np.ndarray:
+    """Batch of independent strokes on one canvas: (B, H, W, 3), one compiled call."""
     base = np.ascontiguousarray(canvas, dtype=np.float32)
-    pn = np.ascontiguousarray(np.asarray(params, dtype=np.float32).reshape(-1, N_PARAMS))
+    pn = _nb_params(np.asarray(params, dtype=np.float32).reshape(-1, N_PARAMS))
     h, w = base.shape[:2]
     out = np.empty((pn.shape[0], h, w, 3), np.float32)
     out[:] = base
-    if resolve_kernel(kernel) == "numba":
-        _render_nb().composite_batch(out, pn, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
-        return out
-    wins = [_bbox(p, h, w) for p in pn]
-    for i, (p, win) in enumerate(zip(pn, wins)):
-        if win[2] > win[0] and win[3] > win[1]:
-            _composite_window(out[i], _alpha_window_np(p, h, w, win), p[10:13], win)
+    _render_nb().composite_batch(out, pn, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)
     return out
 
 

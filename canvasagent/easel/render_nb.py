@@ -1,19 +1,13 @@
 """Compiled (numba) per-pixel kernel of the EASEL rasteriser.
 
-Same rasterisation as :mod:`canvasagent.easel.render_np` (documented in
-:mod:`canvasagent.easel.render`): per pixel, the closed-form roots of the
-closest-point cubic, one bracket per distance basin, the skip tests, the best
-of ``samples`` uniform samples and the first-order peak, then Newton steps
-(one where g > -1, the rest where g < 0.6), coverage ramp, opacity a(t*) and
-source-over compositing. Why compiled: at 128^2 a stroke's window holds a
-few thousand pixels, and the numpy path's ~100 array calls per stroke (each a
-few microseconds of dispatch) cost more than the arithmetic; a per-pixel loop
-pays no dispatch and needs no compaction of the pixels that need the search.
-
-It follows the numpy path's precision too (float64 roots, float32 after
-them, the same operations in the same order), so the two agree to rounding:
-near-ties between two peaks of g, where a(t*) could take either side, break
-the same way. The tests hold them to 1/255.
+It computes the rasterisation documented in :mod:`canvasagent.easel.render`:
+per pixel, the closed-form roots of the closest-point cubic (float64), then in
+float32 one bracket per distance basin, the skip tests, the best of
+``samples`` uniform samples and the first-order peak, then Newton steps (one
+where g > -1, the rest where g < 0.6), coverage ramp, opacity a(t*) and
+source-over compositing. Why compiled: at 128^2 a stroke's window holds a few
+thousand pixels; a per-pixel loop pays no per-array-op dispatch and needs no
+compaction of the pixels that need the search.
 
 Compilation: ``cache=True`` stores the machine code next to this module
 (``__pycache__``) or, when that is read-only, in numba's user-wide cache dir;
@@ -58,7 +52,7 @@ def _curve_range(a, b, c):
 
 @_jit
 def bbox(p, h, w, r_min, r_max_frac):
-    """As :func:`render_np.bbox`: (x0, y0, x1, y1)."""
+    """The pixel window (x0, y0, x1, y1) holding every pixel the stroke can touch."""
     span = min(h, w) * r_max_frac - r_min
     rmax = max(r_min + float(p[6]) * span, r_min + float(p[8]) * span) + 1.0
     xlo, xhi = _curve_range(float(p[0]) * w, float(p[2]) * w, float(p[4]) * w)
@@ -80,7 +74,7 @@ def _gval(t, ex, ey, ax, ay, cx, cy, r0, dr):
 
 @_jit
 def _newton(t, ex, ey, ax, ay, cx, cy, dr, steps, lo, hi):
-    """As :func:`render_np._newton` for one pixel, float32."""
+    """Newton steps on g'(t) from ``t``, kept in [lo, hi]; a step only where g is concave."""
     for _ in range(steps):
         bx = ex + t * (ax + t * cx)
         by = ey + t * (ay + t * cy)
@@ -90,7 +84,6 @@ def _newton(t, ex, ey, ax, ay, cx, cy, dr, steps, lo, hi):
         ev = bx * vx + by * vy
         g1 = dr - ev / d
         g2 = (ev * ev / (d * d) - (vx * vx + vy * vy) - _F(2) * (bx * cx + by * cy)) / d
-        # step only where g is concave (as the numpy path)
         if g2 < _F(-1e-12):
             t = t - g1 / g2
         t = min(max(t, lo), hi)
@@ -99,9 +92,9 @@ def _newton(t, ex, ey, ax, ay, cx, cy, dr, steps, lo, hi):
 
 @_jit
 def _search(root, d_root, lo, hi, ex, ey, tb, gb, ax, ay, cx, cy, r0, dr, dr2, samples, newton_steps, us, gbuf):
-    """One basin bracket of one pixel: :func:`render_np.search_basins` per
-    element, float32 (dr2: dr * dr rounded from float64, as numpy does; us:
-    the sample positions in [0, 1], gbuf: scratch for their g)."""
+    """The best (t, g) of one pixel after searching the basin bracket [lo, hi] from (tb, gb),
+    float32 (dr2: dr * dr rounded from float64; us: the sample positions in [0, 1], gbuf:
+    scratch for their g)."""
     r_far = r0 + dr * (hi if dr > 0 else lo)
     if not r_far - d_root > max(gb, _F(-0.5)):
         return tb, gb
@@ -109,7 +102,7 @@ def _search(root, d_root, lo, hi, ex, ey, tb, gb, ax, ay, cx, cy, r0, dr, dr2, s
     if samples > 0:
         width = hi - lo
         # branch-free first loop so LLVM can vectorise it (SIMD sqrt); the
-        # argmax after it keeps numpy's first-maximum rule
+        # argmax after it keeps the first maximum
         for k in range(samples):
             ts = lo + width * us[k]
             bx = ex + ts * (ax + ts * cx)
@@ -139,7 +132,7 @@ def _search(root, d_root, lo, hi, ex, ey, tb, gb, ax, ay, cx, cy, r0, dr, dr2, s
             gn = _gval(tn, ex, ey, ax, ay, cx, cy, r0, dr)
             if gn > g:
                 t, g = tn, gn
-        # as the numpy path: the remaining steps go to every uncovered pixel,
+        # the remaining steps go to every uncovered pixel,
         # including those the first step skipped (g <= -1)
         if g < _F(0.6) and newton_steps > 1:
             tn = _newton(t, ex, ey, ax, ay, cx, cy, dr, newton_steps - 1, lo, hi)
@@ -150,8 +143,9 @@ def _search(root, d_root, lo, hi, ex, ey, tb, gb, ax, ay, cx, cy, r0, dr, dr2, s
 
 
 @_jit
-def alpha_window(p, h, w, x0w, y0w, x1w, y1w, r_min, r_max_frac, samples, newton_steps, out):
-    """Alpha of one 13-parameter stroke into ``out`` (y1w-y0w, x1w-x0w) float32."""
+def stroke_window(p, h, w, x0w, y0w, x1w, y1w, r_min, r_max_frac, samples, newton_steps, t_out, a_out):
+    """t* and alpha of one 13-parameter stroke on an h x w canvas, for the pixels of the window
+    (x0w, y0w)-(x1w, y1w), into ``t_out`` and ``a_out`` (y1w-y0w, x1w-x0w) float32."""
     span = min(h, w) * r_max_frac - r_min
     px0, py0 = float(p[0]) * w, float(p[1]) * h
     px1, py1 = float(p[2]) * w, float(p[3]) * h
@@ -173,16 +167,13 @@ def alpha_window(p, h, w, x0w, y0w, x1w, y1w, r_min, r_max_frac, samples, newton
         q_c = (2 * a2 ** 3 / 27 - a2 * aa / (3 * c3)) / 2
         q_x = (ax / c3 - a2 * 2 * cx / (3 * c3)) / 2
         q_y = (ay / c3 - a2 * 2 * cy / (3 * c3)) / 2
-    # After the roots everything is float32 with the same operations in the
-    # same order as the numpy path (its scalars are rounded to float32 there):
-    # near-ties between two peaks of g then break the same way.
+    # After the roots everything is float32: g needs only ~1e-4 px.
     fax, fay, fcx, fcy = _F(ax), _F(ay), _F(cx), _F(cy)
     fr0, fdr, fdr2 = _F(r0), _F(dr), _F(dr * dr)
     reach = _F(r0 + max(dr, 0.0))
     o0 = _F(p[7])
     do32 = _F(p[9]) - o0
     search = dr != 0.0 and samples + newton_steps > 0
-    # sample positions rounded to float32 as numpy's (k / (m - 1)).astype(float32)
     us = np.zeros(max(samples, 1), np.float32)
     for k in range(samples):
         us[k] = k / (samples - 1) if samples > 1 else 0.0
@@ -253,7 +244,8 @@ def alpha_window(p, h, w, x0w, y0w, x1w, y1w, r_min, r_max_frac, samples, newton
                     t, g = _search(ft2, d2, lo, hi, fex, fey, t, g, fax, fay, fcx, fcy, fr0, fdr, fdr2,
                                    samples, newton_steps, us, gbuf)
             cov = min(max(g + _F(0.5), _F(0)), _F(1))
-            out[iy, ix] = cov * (o0 + do32 * t)
+            t_out[iy, ix] = t
+            a_out[iy, ix] = cov * (o0 + do32 * t)
 
 
 @_jit
@@ -264,7 +256,7 @@ def composite_stroke(canvas, p, r_min, r_max_frac, samples, newton_steps):
     if x1 <= x0 or y1 <= y0:
         return
     a = np.empty((y1 - y0, x1 - x0), np.float32)
-    alpha_window(p, h, w, x0, y0, x1, y1, r_min, r_max_frac, samples, newton_steps, a)
+    stroke_window(p, h, w, x0, y0, x1, y1, r_min, r_max_frac, samples, newton_steps, np.empty_like(a), a)
     for iy in range(y1 - y0):
         for ix in range(x1 - x0):
             ai = a[iy, ix]
