@@ -36,7 +36,10 @@ from typing import Callable, Sequence
 
 import cv2
 import numpy as np
+from PIL import Image
 from scipy import ndimage
+
+from toolserver.backends.ocr import rapidocr
 
 from . import metrics, render
 
@@ -342,24 +345,13 @@ OCRFn = Callable[[np.ndarray], str]
 
 
 def rapidocr_reader() -> OCRFn:
-    """Default OCR callable: the toolbox's OCR backend (rapidocr, shipped models,
-    loaded lazily once); falls back to rapidocr directly if the toolserver
-    package is unavailable."""
-    from PIL import Image
-    try:
-        from toolserver.backends.ocr import rapidocr as ocr_backend
-        backend = ocr_backend()
+    """Default OCR callable: the toolbox's OCR backend (rapidocr, shipped models, loaded lazily
+    once) on the canvas as 8-bit RGB; the recognised lines joined by spaces."""
+    backend = rapidocr()
 
-        def read(img: np.ndarray) -> str:
-            return " ".join(backend.recognise(Image.fromarray(render.to_uint8(img))).lines)
-        return read
-    except ImportError:
-        from rapidocr import RapidOCR
-        engine = RapidOCR()
-
-        def read_direct(img: np.ndarray) -> str:
-            return " ".join(getattr(engine(render.to_uint8(img)), "txts", None) or ())
-        return read_direct
+    def read(img: np.ndarray) -> str:
+        return " ".join(backend.recognise(Image.fromarray(render.to_uint8(img))).lines)
+    return read
 
 
 def letter_match(recognised: str, word: str) -> float:
