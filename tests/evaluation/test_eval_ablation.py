@@ -120,7 +120,9 @@ def test_cli_trainer_runs_a_subprocess_and_resumes(tmp_path):
 
 
 def test_shipped_grids_load_and_dry_run(capsys, tmp_path):
-    for name in ("paper", "tiny_cpu"):
+    names = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "configs" / "ablation").glob("*.yaml"))
+    assert {"paper", "tiny_cpu", "tiny_cpu_precision"} <= set(names)
+    for name in names:
         cfg = AblationConfig.load(name)
         assert [slug(c.name) for c in cfg.cells] == ["sft-only", "rl-only", "sft-rl", "w-o-outcome-reward", "w-o-process-reward"]
     assert cli_main(["ablate", "--grid", "tiny_cpu", "--out", str(tmp_path / "unused-ablation-dir"), "--dry-run"]) == 0
