@@ -443,7 +443,7 @@ def render_strokes(strokes: Sequence[Sequence[float]] | np.ndarray, h: int, w: i
     w = w or h
     out = blank_canvas(h, w) if canvas is None else np.array(canvas, dtype=np.float32, order="C", copy=True)
     nb = _render_nb()
-    for p in _nb_params(np.asarray(strokes, dtype=np.float32).reshape(-1, N_PARAMS)):
+    for p in _nb_params(strokes).reshape(-1, N_PARAMS):
         nb.composite_stroke(out, p, R_MIN_PX, R_MAX_FRAC, SEARCH_SAMPLES, NEWTON_STEPS)  # in place
     return out
 
@@ -451,7 +451,7 @@ def render_strokes(strokes: Sequence[Sequence[float]] | np.ndarray, h: int, w: i
 def render_batch_np(canvas: np.ndarray, params: np.ndarray) -> np.ndarray:
     """Batch of independent strokes on one canvas: (B, H, W, 3), one compiled call."""
     base = np.ascontiguousarray(canvas, dtype=np.float32)
-    pn = _nb_params(np.asarray(params, dtype=np.float32).reshape(-1, N_PARAMS))
+    pn = _nb_params(params).reshape(-1, N_PARAMS)
     h, w = base.shape[:2]
     out = np.empty((pn.shape[0], h, w, 3), np.float32)
     out[:] = base

@@ -112,7 +112,7 @@ def test_params_from_dict_aliases_and_errors():
         render.params_from_dict({**d, "xs": 1.5})
 
 
-def test_numpy_fast_path_matches_torch():
+def test_compiled_alpha_matches_torch_path():
     # Both take t* from the compiled kernel; the torch path evaluates g(t*) and a(t*) itself.
     rng = np.random.default_rng(7)
     for size in (32, 128):
