@@ -90,8 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConnectionError as e:
         print(f"error: no Ray cluster at {args.address!r} ({e}); start one with `ray start --head` or omit --address", file=sys.stderr)
         return 1
-    missing = missing_node_resources(cfg, ray.cluster_resources())
-    if missing:
+    if missing := missing_node_resources(cfg, ray.cluster_resources()):
         # Replicas asking for a resource no node has would wait forever instead of failing.
         print(f"error: placement: {cfg.placement} needs node resources the cluster lacks: {', '.join(missing)}; see docs/serving.md", file=sys.stderr)
         return 1

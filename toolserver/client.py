@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from toolserver.config import ToolsConfig
-from toolserver.limits import DEFAULT_ROW_OVERHEAD_PIXELS, too_many_pixels
+from toolserver.limits import DEFAULT_ROW_OVERHEAD_PIXELS, input_pixels_refusal
 from toolserver.registry import REGISTRY
 from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
@@ -101,6 +101,19 @@ def _with_retries(policy: RetryPolicy, attempt: Callable[[], ToolResult | Except
         time.sleep(delay)
 
 
+def _timed_call(kind: str, request: ToolRequest, call: Callable[[], ToolResult]) -> ToolResult:
+    """`call()` with its wall time in `elapsed_s`; a client bug becomes a failed result, since it
+    must not end a rollout either."""
+    t0 = time.perf_counter()
+    try:
+        result = call()
+    except Exception as e:
+        log.exception("%s toolbox failed on %s", kind, request.tool)
+        result = ToolResult.failure("toolserver_error", f"{request.tool}: {type(e).__name__}: {str(e)[:300]}")
+    result.elapsed_s = time.perf_counter() - t0
+    return result
+
+
 def _not_served(tool: str) -> ToolResult:
     if tool in REGISTRY:
         return ToolResult.failure("not_served", f"{tool} is not served by this tool server")
@@ -156,14 +169,7 @@ class RayToolbox:
         self.local = LocalToolbox(profile=profile, max_output_pixels=self.max_pixels)
 
     def call(self, request: ToolRequest) -> ToolResult:
-        t0 = time.perf_counter()
-        try:
-            result = self._call(request)
-        except Exception as e:  # a client bug must not end a rollout either
-            log.exception("ray toolbox failed on %s", request.tool)
-            result = ToolResult.failure("toolserver_error", f"{request.tool}: {type(e).__name__}: {str(e)[:300]}")
-        result.elapsed_s = time.perf_counter() - t0
-        return result
+        return _timed_call("ray", request, lambda: self._call(request))
 
     def _call(self, request: ToolRequest) -> ToolResult:
         from toolserver.wire import SHM_UNAVAILABLE, WireRequest
@@ -175,11 +181,10 @@ class RayToolbox:
             return self.local.call(request)
         if info["mode"] == "unconfigured":
             return unconfigured_result(request.tool)
-        for name, img in request.images.items():
-            # The same input limit the HTTP edge applies, checked before anything is shipped.
-            msg = too_many_pixels(name, img.width, img.height, self.max_pixels, self.row_overhead_pixels)
-            if msg:
-                return ToolResult.failure("too_many_pixels", msg)
+        # The same input limit the HTTP edge applies, checked before anything is shipped.
+        refusal = input_pixels_refusal(request, self.max_pixels, self.row_overhead_pixels)
+        if refusal is not None:
+            return refusal
         handle, timeout = self.handles[request.tool], float(info["timeout_s"])
         deployment = info["deployment"]
         pool = self.shm if deployment not in self._shm_off else None
@@ -275,21 +280,17 @@ class HttpToolbox:
             return (self._timeouts or {}).get(tool, DEFAULT_TIMEOUT_S)
 
     def call(self, request: ToolRequest) -> ToolResult:
+        return _timed_call("http", request, lambda: self._call(request))
+
+    def _call(self, request: ToolRequest) -> ToolResult:
         from toolserver import http_codec
 
-        t0 = time.perf_counter()
-        try:
-            timeout = self._timeout(request.tool) + self.margin  # first: it learns the formats
-            if self._raw:
-                body, ctype = http_codec.request_to_raw(request), http_codec.RAW_CONTENT_TYPE
-            else:
-                body, ctype = json.dumps(http_codec.request_to_json(request)).encode(), http_codec.JSON_CONTENT_TYPE
-            result = self._post(request.tool, body, ctype, timeout)
-        except Exception as e:
-            log.exception("http toolbox failed on %s", request.tool)
-            result = ToolResult.failure("toolserver_error", f"{request.tool}: {type(e).__name__}: {str(e)[:300]}")
-        result.elapsed_s = time.perf_counter() - t0
-        return result
+        timeout = self._timeout(request.tool) + self.margin  # first: it learns the formats
+        if self._raw:
+            body, ctype = http_codec.request_to_raw(request), http_codec.RAW_CONTENT_TYPE
+        else:
+            body, ctype = json.dumps(http_codec.request_to_json(request)).encode(), http_codec.JSON_CONTENT_TYPE
+        return self._post(request.tool, body, ctype, timeout)
 
     def _post(self, tool: str, body: bytes, content_type: str, timeout: float) -> ToolResult:
         from toolserver import http_codec
@@ -314,10 +315,9 @@ class HttpToolbox:
                 code, message = str(err["code"]), str(err["message"])
             except (ValueError, KeyError, TypeError):
                 code = message = None
-            if r.status_code == 503 and code == "replica_died":
-                return ReplicaDied(f"HTTP 503: {message}")
-            if r.status_code == 503 and code == "replica_out_of_memory":
-                return ReplicaOutOfMemory(f"HTTP 503: {message}")
+            replica_error = {"replica_died": ReplicaDied, "replica_out_of_memory": ReplicaOutOfMemory}.get(code or "")
+            if r.status_code == 503 and replica_error is not None:
+                return replica_error(f"HTTP 503: {message}")
             if r.status_code in self.RETRY_STATUS and not (r.status_code == 500 and code is not None):
                 return RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
             if code is not None:

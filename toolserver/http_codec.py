@@ -86,8 +86,7 @@ def decode_image(data: str, max_pixels: int, name: str = "image", row_overhead_p
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(raw), formats=["PNG"])
-            w, h = img.size
-            msg = too_many_pixels(name, w, h, max_pixels, row_overhead_pixels)
+            msg = too_many_pixels(name, *img.size, max_pixels, row_overhead_pixels)
             if msg:
                 raise BadRequest("too_many_pixels", msg)
             img.load()
@@ -100,13 +99,9 @@ def decode_image(data: str, max_pixels: int, name: str = "image", row_overhead_p
     return img
 
 
-def request_to_json(req: ToolRequest) -> dict[str, Any]:
-    return {
-        "args": req.args,
-        "raw_args": req.raw_args,
-        "profile": Profile(req.profile).value,
-        "images": {k: encode_image(v) for k, v in req.images.items()},
-    }
+def request_to_json(req: ToolRequest, encode: Callable[[Image.Image], Any] = encode_image) -> dict[str, Any]:
+    images = {k: encode(v) for k, v in req.images.items()}
+    return {"args": req.args, "raw_args": req.raw_args, "profile": Profile(req.profile).value, "images": images}
 
 
 def request_from_json(tool: str, body: Any, max_pixels: int, limits: Limits | None = None) -> ToolRequest:
@@ -236,8 +231,7 @@ def _read_raw_image(desc: Any, pixels: memoryview, max_pixels: int, name: str, r
 
 def request_to_raw(req: ToolRequest) -> bytes:
     out = _FrameWriter()
-    images = {k: out.image(v) for k, v in req.images.items()}
-    return out.frame({"args": req.args, "raw_args": req.raw_args, "profile": Profile(req.profile).value, "images": images})
+    return out.frame(request_to_json(req, encode=out.image))
 
 
 def request_from_raw(tool: str, body: bytes, max_pixels: int, limits: Limits | None = None) -> ToolRequest:
@@ -250,8 +244,7 @@ def request_from_raw(tool: str, body: bytes, max_pixels: int, limits: Limits | N
 
 def result_to_raw(r: ToolResult) -> bytes:
     out = _FrameWriter()
-    doc = result_to_json(r, encode=out.image)
-    return out.frame(doc)
+    return out.frame(result_to_json(r, encode=out.image))
 
 
 def result_from_raw(body: bytes, max_pixels: int) -> ToolResult:

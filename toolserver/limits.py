@@ -72,6 +72,15 @@ def too_many_pixels(name: str, width: int, height: int, max_pixels: int, row_ove
     )
 
 
+def input_pixels_refusal(request: ToolRequest, max_pixels: int, row_overhead_pixels: int) -> ToolResult | None:
+    """`too_many_pixels` for the first input image over the limit; None when all fit."""
+    for name, img in request.images.items():
+        msg = too_many_pixels(name, img.width, img.height, max_pixels, row_overhead_pixels)
+        if msg:
+            return ToolResult.failure("too_many_pixels", msg)
+    return None
+
+
 def json_depth_exceeds(doc: Any, max_depth: int) -> bool:
     """True when `doc` (parsed JSON) nests deeper than `max_depth`; iterative, so any depth is safe."""
     stack: list[tuple[Any, int]] = [(doc, 1)]
@@ -170,10 +179,9 @@ def check_request(request: ToolRequest, limits: Limits, max_pixels: int) -> tupl
     issue's code: `bad_choice`, `number_too_large`, `text_too_long`, ...); and an output that
     `predicted_output_refusal` says would exceed `max_pixels` (`output_too_large`).
     """
-    for name, img in request.images.items():
-        msg = too_many_pixels(name, img.width, img.height, max_pixels, limits.row_overhead_pixels)
-        if msg:
-            return None, ToolResult.failure("too_many_pixels", msg)
+    refusal = input_pixels_refusal(request, max_pixels, limits.row_overhead_pixels)
+    if refusal is not None:
+        return None, refusal
     assets = RequestAssets(request)
     chk = validate_call(request.tool, assets.args, assets, Profile(request.profile), max_text_chars=limits.max_text_chars)
     if not chk.executable:

@@ -359,10 +359,9 @@ class Ingress:
         checked, refusal = check_request(req, self.cfg.limits, self.cfg.max_pixels)
         if refusal is not None:
             return JSONResponse(http_codec.result_to_json(refusal))
-        req = checked
         timeout = self.cfg.timeout_s(name)
         try:
-            result = await asyncio.wait_for(self.run(name, req), timeout)
+            result = await asyncio.wait_for(self.run(name, checked), timeout)
         except asyncio.TimeoutError:
             return _error(504, "timeout", f"{name} did not finish within {timeout:g} s")
         except RETRYABLE as e:
@@ -397,20 +396,15 @@ def build_app(cfg: ServeConfig, token: str | None = None):
             served, tcfg.backend, dict(tcfg.params), tcfg.max_batch_size, tcfg.batch_wait_timeout_s, cfg.max_pixels, slot, asdict(cfg.limits),
             tcfg.max_concurrent_batches,
         )
+    # Backends are already taken from `backends_from`; the ingress may run on a node without
+    # the configs/ directory, so it gets the resolved config, not the reference.
+    resolved = {**cfg.to_dict(), "backends_from": None}
     return Ingress.options(
         name=INGRESS_NAME,
         ray_actor_options=dict(cfg.http.ray_actor_options),
         num_replicas=cfg.http.num_replicas,
         max_ongoing_requests=cfg.http.max_ongoing_requests,
-    ).bind(handles, _resolved(cfg), token_digest(token))
-
-
-def _resolved(cfg: ServeConfig) -> dict[str, Any]:
-    # Backends are already taken from `backends_from`; the ingress may run on a node without
-    # the configs/ directory, so it gets the resolved config, not the reference.
-    data = cfg.to_dict()
-    data["backends_from"] = None
-    return data
+    ).bind(handles, resolved, token_digest(token))
 
 
 def deploy(cfg: ServeConfig, token: str | None = None):

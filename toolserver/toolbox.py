@@ -17,10 +17,11 @@ from typing import Any, Protocol
 from PIL import Image
 
 from toolserver.backends import BackendFn, build_backend
+from toolserver.backends._base import item_failure
 from toolserver.limits import Limits, check_request, output_refusal, predicted_output_refusal
 from toolserver.registry import REGISTRY, Backend, OutputKind
 from toolserver.request import ToolRequest
-from toolserver.results import ToolError, ToolResult, close_if_closable
+from toolserver.results import ToolResult, close_if_closable
 from toolserver.tools.pure import PURE_TOOLS
 from toolserver.validation import Profile
 
@@ -75,9 +76,8 @@ class LocalToolbox:
         for tool, bcfg in (cfg.backends or {}).items():
             if tool not in REGISTRY:
                 raise ValueError(f"tools config names unknown tool {tool!r}")
-            if bcfg.name in (None, "", "none"):
-                continue
-            backends[tool] = _LazyBackend(bcfg.name, dict(bcfg.params or {}))
+            if bcfg.name not in (None, "", "none"):
+                backends[tool] = _LazyBackend(bcfg.name, dict(bcfg.params or {}))
         return cls(profile=Profile(cfg.profile), backends=backends, max_output_pixels=cfg.max_pixels,
                    limits=getattr(cfg, "limits", None) or Limits())
 
@@ -91,14 +91,11 @@ class LocalToolbox:
         t0 = time.perf_counter()
         if self.validate:
             checked, refusal = check_request(request, self.limits, self.max_output_pixels)
-            if refusal is not None:
-                return refusal
-            assert checked is not None
-            request = checked
+            request = checked or request
         else:
             refusal = predicted_output_refusal(request, self.max_output_pixels)
-            if refusal is not None:
-                return refusal
+        if refusal is not None:
+            return refusal
         result = self._dispatch(request)
         result.elapsed_s = time.perf_counter() - t0
         return output_refusal(request.tool, result, self.max_output_pixels) or result
@@ -124,11 +121,8 @@ class LocalToolbox:
                     f"(set backends.{spec.name} in configs/tools/*.yaml)",
                 )
             return backend(request)
-        except ToolError as e:
-            return ToolResult.failure(e.code, e.message)
         except Exception as e:  # a backend bug must not kill a rollout; it becomes an observation
-            log.exception("tool %s raised", request.tool)
-            return ToolResult.failure("tool_exception", f"{request.tool} failed: {type(e).__name__}: {e}")
+            return item_failure(request, e)
 
     def close(self) -> None:
         """Release every backend's loaded model. The toolbox stays usable: a later call to a

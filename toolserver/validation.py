@@ -143,24 +143,6 @@ def _is_empty(value: Any) -> bool:
     return value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, (list, dict)) and not value)
 
 
-def _check_range(vals: list[float], arg: str, profile: Profile) -> list[Issue]:
-    issues: list[Issue] = []
-    if any(v < 0 for v in vals):
-        issues.append(Issue(f"{arg}_out_of_range", Term.SPEC, f"'{arg}' has negative coordinates {vals}", arg))
-    elif any(v > 1000 for v in vals):
-        # The public tools clamp values over 1000; we record it, and only the exact profile refuses.
-        issues.append(
-            Issue(
-                f"{arg}_out_of_range",
-                Term.SPEC,
-                f"'{arg}' has coordinates above 1000 {vals}",
-                arg,
-                blocking=profile is Profile.EXACT,
-            )
-        )
-    return issues
-
-
 def _check_arg(spec: ArgSpec, value: Any, assets: AssetLookup, profile: Profile, chk: CallCheck, max_text_chars: int) -> None:
     issues = chk.issues
     if spec.type is ArgType.ASSET:
@@ -195,29 +177,26 @@ def _check_arg(spec: ArgSpec, value: Any, assets: AssetLookup, profile: Profile,
             issues.append(issue)
             return
         assert vals is not None
-        range_issues = _check_range(vals, spec.name, profile)
-        if spec.type is ArgType.POSITION and profile is Profile.CANVASCRAFT:
+        code = f"{spec.name}_out_of_range"
+        if any(v < 0 for v in vals):
             # The public Overlayer never range-checks positions; off-canvas overlays are legal there.
-            range_issues = [Issue(i.code, i.term, i.message, i.arg, blocking=False) for i in range_issues]
-        issues.extend(range_issues)
+            lenient = spec.type is ArgType.POSITION and profile is Profile.CANVASCRAFT
+            negative = f"'{spec.name}' has negative coordinates {vals}"
+            issues.append(Issue(code, Term.SPEC, negative, spec.name, blocking=not lenient))
+        elif any(v > 1000 for v in vals):
+            # The public tools clamp values over 1000; we record it, and only the exact profile refuses.
+            above = f"'{spec.name}' has coordinates above 1000 {vals}"
+            issues.append(Issue(code, Term.SPEC, above, spec.name, blocking=profile is Profile.EXACT))
         if spec.type is ArgType.BBOX and (vals[2] <= vals[0] or vals[3] <= vals[1]):
             issues.append(Issue("bbox_unordered", Term.SPEC, f"'{spec.name}' needs xmin < xmax and ymin < ymax; got {vals}", spec.name))
         chk.args[spec.name] = vals
     elif spec.type is ArgType.CHOICE:
-        ok = False
         for c in spec.choices:
-            if isinstance(c, (int, float)) and not isinstance(value, bool):
-                ok = _as_float(value) == float(c)
-                if ok:
-                    value = c
-            else:
-                ok = value == c
-            if ok:
-                break
-        if not ok:
-            issues.append(Issue("bad_choice", Term.SPEC, f"'{spec.name}' must be one of {list(spec.choices)}; got {_show(value, 40)}", spec.name))
-            return
-        chk.args[spec.name] = value
+            numeric = isinstance(c, (int, float)) and not isinstance(value, bool)
+            if (_as_float(value) == float(c)) if numeric else (value == c):
+                chk.args[spec.name] = c if numeric else value  # a number normalised to the choice
+                return
+        issues.append(Issue("bad_choice", Term.SPEC, f"'{spec.name}' must be one of {list(spec.choices)}; got {_show(value, 40)}", spec.name))
     elif spec.type is ArgType.UNIT:
         x = _as_float(value)
         if x is None and not isinstance(value, bool):

@@ -284,6 +284,14 @@ class _Mapped:
             self.mm = mmap.mmap(self.fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0))
         return self.mm
 
+    def read_image(self, mode: str, size: tuple[int, int], nbytes: int, rawmode: str | None = None) -> Image.Image:
+        # frombytes decodes straight from the mapping into Pillow's own storage: one copy.
+        with memoryview(self.map(nbytes, grow=False))[:nbytes] as view:
+            return Image.frombytes(mode, size, view, "raw", rawmode or mode)
+
+    def write_image(self, img: Image.Image, rawmode: str, nbytes: int) -> None:
+        encode_into(img, rawmode, self.map(nbytes, grow=True))
+
     def close_map(self) -> None:
         if self.mm is not None:
             self.mm.close()
@@ -338,20 +346,6 @@ class _SlotCache:
 _CACHE = _SlotCache()
 
 
-def read_slot_image(name: str, mode: str, size: tuple[int, int], nbytes: int, rawmode: str | None = None) -> Image.Image:
-    """The image in another process's slot (a replica reading its request)."""
-    with _CACHE.use(name, nbytes, write=False) as m:
-        # frombytes decodes straight from the mapping into Pillow's own storage: one copy.
-        with memoryview(m.map(nbytes, grow=False))[:nbytes] as view:
-            return Image.frombytes(mode, size, view, "raw", rawmode or mode)
-
-
-def write_slot_image(name: str, img: Image.Image, rawmode: str, nbytes: int) -> None:
-    """Write an image into another process's slot (a replica writing its reply), growing it if needed."""
-    with _CACHE.use(name, nbytes, write=True) as m:
-        encode_into(img, rawmode, m.map(nbytes, grow=True))
-
-
 class ShmSlot(_Mapped):
     """One file of the caller's pool, kept mapped so reuse costs a memcpy, not page faults."""
 
@@ -365,15 +359,6 @@ class ShmSlot(_Mapped):
     @property
     def capacity(self) -> int:
         return os.fstat(self.fd).st_size
-
-    def write_image(self, img: Image.Image, rawmode: str, nbytes: int) -> None:
-        encode_into(img, rawmode, self.map(nbytes, grow=True))
-
-    def read_image(self, mode: str, size: tuple[int, int], nbytes: int, rawmode: str | None = None) -> Image.Image:
-        if self.capacity < nbytes:
-            raise ShmMissing(f"{self.name} holds {self.capacity} bytes, fewer than the {nbytes} claimed")
-        with memoryview(self.map(nbytes, grow=False))[:nbytes] as view:
-            return Image.frombytes(mode, size, view, "raw", rawmode or mode)
 
     def remove(self) -> None:
         self.close()
@@ -460,8 +445,9 @@ class WireImage:
                             pool.release(taken, reuse=False)
                             raise
                         slot = taken.name
-                    else:
-                        write_slot_image(slot, img, rawmode, nbytes)  # type: ignore[arg-type]
+                    else:  # a replica's reply, into the caller's slot (grown if needed)
+                        with _CACHE.use(slot, nbytes, write=True) as m:  # type: ignore[arg-type]
+                            m.write_image(img, rawmode, nbytes)
                     return cls(img.mode, shm=slot, size=img.size, nbytes=nbytes, rawmode=rawmode)
                 except (OSError, ShmMissing) as e:  # /dev/shm full, or the slot is gone
                     log.warning("shared memory write failed (%s); sending the image as an array", e)
@@ -476,7 +462,8 @@ class WireImage:
             own = pool.get(self.shm) if pool is not None else None
             if own is not None:  # our own slot: already mapped
                 return own.read_image(self.mode, self.size, self.nbytes, self.rawmode)
-            return read_slot_image(self.shm, self.mode, self.size, self.nbytes, self.rawmode)
+            with _CACHE.use(self.shm, self.nbytes, write=False) as m:  # a replica reading its request
+                return m.read_image(self.mode, self.size, self.nbytes, self.rawmode)
         arr = self.array
         assert arr is not None
         if _RAW_DTYPES.get(self.mode) == arr.dtype and arr.flags.c_contiguous and arr.ndim in (2, 3):

@@ -187,9 +187,7 @@ def resolve_dtype(dtype: str | None, device: str) -> Any:
 def tiny_meta(source: str | Path) -> dict[str, Any] | None:
     """The tiny-model marker of a local checkpoint directory, or None for a real checkpoint."""
     marker = Path(source) / TINY_MARKER
-    if not marker.is_file():
-        return None
-    return json.loads(marker.read_text())
+    return json.loads(marker.read_text()) if marker.is_file() else None
 
 
 def hf_from_pretrained(loader: Callable[..., T], source: str, what: str, **kwargs: Any) -> T:
@@ -197,10 +195,9 @@ def hf_from_pretrained(loader: Callable[..., T], source: str, what: str, **kwarg
     try:
         return loader(source, **kwargs)
     except (OSError, ValueError) as e:
-        local = Path(source).exists()
         hint = (
             "the directory exists but does not hold a loadable checkpoint"
-            if local
+            if Path(source).exists()
             else "it is neither a local directory nor reachable on the model hub (offline? HF_HUB_OFFLINE set?); "
             "download it once with `huggingface-cli download` or point the config at a local path"
         )
@@ -238,10 +235,10 @@ P = TypeVar("P")
 
 
 def item_failure(request: Any, exc: BaseException) -> ToolResult:
-    """The failed result LocalToolbox makes of an exception raised by one call."""
+    """The failed result of an exception raised by one call (LocalToolbox's and a batch's)."""
     if isinstance(exc, ToolError):
         return ToolResult.failure(exc.code, exc.message)
-    log.error("tool %s raised in a batch", request.tool, exc_info=exc)
+    log.error("tool %s raised", request.tool, exc_info=exc)
     return ToolResult.failure("tool_exception", f"{request.tool} failed: {type(exc).__name__}: {exc}")
 
 

@@ -204,11 +204,9 @@ class FluxBackend(LazyModelBackend):
             return list(pipes.base(prompt=prompts, width=p.width, height=p.height, **kwargs).images)
 
     def _prepare(self, request: ToolRequest) -> tuple[str, ToolRequest]:
-        if request.tool == "ImageGeneration":
-            return str(request.args["prompt"]), request
-        if request.tool == "ImageEdit":
-            return "", request
-        raise ToolError("wrong_backend", f"the flux2-klein backend serves ImageGeneration and ImageEdit, not {request.tool}")
+        if request.tool not in ("ImageGeneration", "ImageEdit"):
+            raise ToolError("wrong_backend", f"the flux2-klein backend serves ImageGeneration and ImageEdit, not {request.tool}")
+        return (str(request.args["prompt"]) if request.tool == "ImageGeneration" else ""), request
 
     def _key(self, prepared: tuple[str, ToolRequest]) -> Any:
         # Generation takes its size, steps and guidance from the backend's params, so every

@@ -110,22 +110,7 @@ class GroundingBackend(LazyModelBackend):
         return shared(("grounding", p.model, device, str(dtype)), build)
 
     def detect(self, image: Image.Image, reference_text: str) -> list[Detection]:
-        import torch
-
-        processor, model, device, lock = self._model.get()
-        rgb = to_rgb(image)
-        inputs = processor(images=rgb, text=prompt_text(reference_text), return_tensors="pt").to(device)
-        inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
-        with lock, torch.inference_mode():
-            outputs = model(**inputs)
-        # Without target_sizes the boxes come back relative (0-1) as xyxy: exactly what 0-1000 needs.
-        (res,) = processor.post_process_grounded_object_detection(
-            outputs,
-            inputs["input_ids"],
-            threshold=self.params.box_threshold,
-            text_threshold=self.params.text_threshold,
-        )
-        return self._detections(res, rgb, reference_text)
+        return self._detect_group([self._inputs(image, reference_text)])[0]
 
     def _detections(self, res: dict[str, Any], rgb: Image.Image, reference_text: str) -> list[Detection]:
         # "labels" is deprecated (and warns when read) where "text_labels" exists.
@@ -151,18 +136,17 @@ class GroundingBackend(LazyModelBackend):
         text = str(request.args["reference_text"])
         return self._result(self.detect(request.images["image"], text), text)
 
-    # ------------------------------------------------------------------------------ batching
-    def _prepare(self, request: ToolRequest) -> _Prepared:
+    def _inputs(self, image: Image.Image, text: str) -> _Prepared:
         processor, model, _, _ = self._model.get()
-        text = str(request.args["reference_text"])
-        rgb = to_rgb(request.images["image"])
+        rgb = to_rgb(image)
         # Each image is resized on its own, so it is never padded: the processor would pad a
         # mixed-size batch to its largest image, and Swin's windows and convolutions over that
         # padding (and pred_boxes relative to the padded frame) would change the detections.
         pixels = processor.image_processor(images=rgb, return_tensors="pt")
         return _Prepared(rgb, text, pixels["pixel_values"].to(model.dtype), pixels["pixel_mask"])
 
-    def _run_group(self, group: list[_Prepared]) -> list[ToolResult]:
+    def _detect_group(self, group: list[_Prepared]) -> list[list[Detection]]:
+        """The detections of each of `group` (`_inputs` of one call each), in one model call."""
         import torch
 
         processor, model, device, lock = self._model.get()
@@ -178,10 +162,19 @@ class GroundingBackend(LazyModelBackend):
         inputs = {k: v.to(device) for k, v in inputs.items()}
         with lock, torch.inference_mode():
             outputs = model(**inputs)
+        # Without target_sizes the boxes come back relative (0-1) as xyxy: exactly what 0-1000 needs.
         found = processor.post_process_grounded_object_detection(
             outputs, inputs["input_ids"], threshold=self.params.box_threshold, text_threshold=self.params.text_threshold
         )
-        return [self._result(self._detections(res, p.rgb, p.text), p.text) for res, p in zip(found, group)]
+        return [self._detections(res, p.rgb, p.text) for res, p in zip(found, group)]
+
+    # ------------------------------------------------------------------------------ batching
+    def _prepare(self, request: ToolRequest) -> _Prepared:
+        text = str(request.args["reference_text"])
+        return self._inputs(request.images["image"], text)
+
+    def _run_group(self, group: list[_Prepared]) -> list[ToolResult]:
+        return [self._result(dets, p.text) for dets, p in zip(self._detect_group(group), group)]
 
     def batch_call(self, requests: list[ToolRequest]) -> list[ToolResult]:
         """One model call per group of requests whose images resize to the same shape."""

@@ -130,12 +130,11 @@ class LatencyBackend:
         spec = REGISTRY.get(req.tool)
         kind = spec.output if spec is not None else OutputKind.TEXT
         image = None
+        first = next(iter(req.images.values()), None)
         if kind in (OutputKind.IMAGE, OutputKind.RGBA):
-            first = next(iter(req.images.values()), None)
             image = first.convert("RGB").copy() if first is not None else Image.new("RGB", (self.params.size,) * 2, (128, 128, 128))
             kind = OutputKind.IMAGE
         elif kind is OutputKind.MASK:
-            first = next(iter(req.images.values()), None)
             image = Image.new("L", first.size if first is not None else (self.params.size,) * 2, 0)
         text = f"latency stand-in: {req.tool} held {self.params.latency_s:g} s (plumbing only, not a real result)"
         data = {"in_flight": in_flight, "batch_size": batch_size}

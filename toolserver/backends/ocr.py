@@ -103,16 +103,6 @@ def format_ocr(found: OcrLines, text_format: str) -> str:
     return "\n".join(found.lines)
 
 
-def _result(found: OcrLines, text_format: str, backend: str) -> ToolResult:
-    return ToolResult(
-        ok=True,
-        text=format_ocr(found, text_format),
-        kind=OutputKind.TEXT,
-        data={"lines": found.lines, "boxes": found.boxes, "scores": found.scores},
-        backend=backend,
-    )
-
-
 class _OcrBackend(LazyModelBackend):
     """What the OCR backends share: the `text_format` check and the tool call on `recognise`."""
 
@@ -125,7 +115,14 @@ class _OcrBackend(LazyModelBackend):
         raise NotImplementedError
 
     def __call__(self, request: ToolRequest) -> ToolResult:
-        return _result(self.recognise(request.images["image"]), self.params.text_format, self.name)
+        found = self.recognise(request.images["image"])
+        return ToolResult(
+            ok=True,
+            text=format_ocr(found, self.params.text_format),
+            kind=OutputKind.TEXT,
+            data={"lines": found.lines, "boxes": found.boxes, "scores": found.scores},
+            backend=self.name,
+        )
 
 
 # --------------------------------------------------------------------------------------- rapidocr
@@ -247,15 +244,13 @@ class PaddleOcrBackend(_OcrBackend):
             "use_doc_unwarping": False,
             "use_textline_orientation": p.use_textline_orientation,
         }
-        for key in ("text_detection_model_dir", "text_recognition_model_dir"):
-            path = getattr(p, key)
-            if path is not None:
-                if not Path(path).is_dir():
-                    raise BackendUnavailable(f"paddleocr {key} {path!r} is not a directory")
-                kwargs[key] = path
-        for key in ("text_detection_model_name", "text_recognition_model_name", "lang", "device"):
-            if getattr(p, key) is not None:
-                kwargs[key] = getattr(p, key)
+        for key in ("text_detection_model_dir", "text_recognition_model_dir", "text_detection_model_name",
+                    "text_recognition_model_name", "lang", "device"):
+            value = getattr(p, key)
+            if key.endswith("_dir") and value is not None and not Path(value).is_dir():
+                raise BackendUnavailable(f"paddleocr {key} {value!r} is not a directory")
+            if value is not None:
+                kwargs[key] = value
         kwargs.update(p.extra)
         try:
             return paddleocr.PaddleOCR(**kwargs)

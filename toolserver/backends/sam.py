@@ -101,40 +101,18 @@ class SamBackend(LazyModelBackend):
 
         return shared(("sam", p.model, device, str(dtype)), build)
 
-    def segment(self, image: Image.Image, bbox: list[float]) -> tuple[np.ndarray, float, list[float]]:
-        import torch
-
-        processor, model, device, lock = self._model.get()
+    def _inputs(self, image: Image.Image, bbox: list[float]) -> dict[str, Any]:
+        processor, model, _, _ = self._model.get()
         rgb = to_rgb(image)
         box_px = _checked_box(bbox, rgb)
-        inputs = processor(images=rgb, input_boxes=[[box_px]], return_tensors="pt").to(device)
-        inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
-        with lock, torch.inference_mode():
-            out = model(**inputs, multimask_output=self.params.multimask)
-        masks = processor.image_processor.post_process_masks(
-            out.pred_masks.float().cpu(),
-            inputs["original_sizes"].cpu(),
-            inputs["reshaped_input_sizes"].cpu(),
-            mask_threshold=self.params.mask_threshold,
-        )[0][0]  # first image, first box -> (n_candidates, H, W)
-        return _best(masks, out.iou_scores.float().cpu()[0, 0], box_px)
-
-    def __call__(self, request: ToolRequest) -> ToolResult:
-        mask, score, box_px = self.segment(request.images["image"], list(request.args["bbox"]))
-        return mark_plumbing(_mask_result(mask, score, box_px, self.name), self.plumbing_only)
-
-    # ------------------------------------------------------------------------------ batching
-    def _prepare(self, request: ToolRequest) -> dict[str, Any]:
-        processor, model, _, _ = self._model.get()
-        rgb = to_rgb(request.images["image"])
-        box_px = _checked_box(list(request.args["bbox"]), rgb)
         # Processed one by one: the processor scales each box into its own image's frame.
         inputs = dict(processor(images=rgb, input_boxes=[[box_px]], return_tensors="pt"))
         inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)
         inputs["box_px"] = box_px
         return inputs
 
-    def _run_group(self, group: list[dict[str, Any]]) -> list[ToolResult]:
+    def _segment_group(self, group: list[dict[str, Any]]) -> list[tuple[np.ndarray, float, list[float]]]:
+        """(mask, score, pixel box) for each of `group` (`_inputs` of one call each), in one model call."""
         import torch
 
         processor, model, device, lock = self._model.get()
@@ -148,11 +126,23 @@ class SamBackend(LazyModelBackend):
             mask_threshold=self.params.mask_threshold,
         )
         scores = out.iou_scores.float().cpu()
-        results = []
-        for i, p in enumerate(group):
-            mask, score, box_px = _best(masks[i][0], scores[i, 0], p["box_px"])
-            results.append(mark_plumbing(_mask_result(mask, score, box_px, self.name), self.plumbing_only))
-        return results
+        # Per image, its first (only) box -> (n_candidates, H, W); the best candidate wins.
+        return [_best(masks[i][0], scores[i, 0], p["box_px"]) for i, p in enumerate(group)]
+
+    def segment(self, image: Image.Image, bbox: list[float]) -> tuple[np.ndarray, float, list[float]]:
+        return self._segment_group([self._inputs(image, bbox)])[0]
+
+    def __call__(self, request: ToolRequest) -> ToolResult:
+        segmented = self.segment(request.images["image"], list(request.args["bbox"]))
+        return mark_plumbing(_mask_result(*segmented, self.name), self.plumbing_only)
+
+    # ------------------------------------------------------------------------------ batching
+    def _prepare(self, request: ToolRequest) -> dict[str, Any]:
+        return self._inputs(request.images["image"], list(request.args["bbox"]))
+
+    def _run_group(self, group: list[dict[str, Any]]) -> list[ToolResult]:
+        segmented = self._segment_group(group)
+        return [mark_plumbing(_mask_result(*seg, self.name), self.plumbing_only) for seg in segmented]
 
     def batch_call(self, requests: list[ToolRequest]) -> list[ToolResult]:
         """One model call for the whole batch: every image is resized and padded to the same

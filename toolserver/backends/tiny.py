@@ -59,14 +59,8 @@ _CHAT_TEMPLATE = (
 def _byte_level_vocab() -> dict[str, int]:
     """GPT-2 style byte-to-unicode alphabet: a byte-level BPE with no merges encodes any text."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    vocab = {chars[b]: i for i, b in enumerate(sorted(chars))}
+    shifted = iter(range(256, 512))  # the other bytes take the next code points past 255, in order
+    vocab = {chr(b if b in keep else next(shifted)): b for b in range(256)}
     for special in ("<|endoftext|>", "<|im_start|>", "<|im_end|>"):
         vocab[special] = len(vocab)
     return vocab
