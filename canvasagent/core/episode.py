@@ -237,15 +237,9 @@ class Episode:
         spec = REGISTRY[call.name]
         request = self._request(call, check)
         t0 = time.perf_counter()
-        if spec.backend is Backend.STATEFUL:
-            handler = self.stateful.get(spec.name)
-            result = (
-                handler(request)
-                if handler
-                else ToolResult.failure("no_environment_state", f"{spec.name} needs an environment with a canvas (an EASEL task)")
-            )
-        else:
-            result = self.toolbox.call(request)
+        handler = self.stateful.get(spec.name) if spec.backend is Backend.STATEFUL else self.toolbox.call
+        result = handler(request) if handler else ToolResult.failure(
+            "no_environment_state", f"{spec.name} needs an environment with a canvas (an EASEL task)")
         turn.tool_s = time.perf_counter() - t0
         turn.plumbing_only = result.plumbing_only
         turn.result_data = dict(result.data)

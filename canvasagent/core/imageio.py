@@ -17,16 +17,6 @@ class ImageLoadError(ValueError):
     pass
 
 
-def _inside(path: Path, roots: Iterable[Path]) -> bool:
-    for root in roots:
-        try:
-            path.relative_to(root)
-            return True
-        except ValueError:
-            continue
-    return False
-
-
 def resolve_path(path: str | Path, allowed_roots: Iterable[str | Path] | None = None, base: str | Path | None = None) -> Path:
     """Resolve `path` (relative to `base`), refusing anything that escapes the allowed roots
     (and any path no file system can hold, such as one with a NUL byte) with `ImageLoadError`."""
@@ -42,7 +32,7 @@ def resolve_path(path: str | Path, allowed_roots: Iterable[str | Path] | None = 
     p = p.resolve()
     if allowed_roots is not None:
         roots = [Path(r).resolve() for r in allowed_roots]
-        if not _inside(p, roots):
+        if not any(p.is_relative_to(root) for root in roots):
             raise ImageLoadError(f"{path} is outside the allowed roots ({', '.join(map(str, roots))})")
     return p
 

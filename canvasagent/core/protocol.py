@@ -55,26 +55,18 @@ class FindingCode(str, Enum):
     EXTRA_TEXT = "extra_text"
 
 
-_CHECK_OF: dict[FindingCode, FormatCheck] = {
-    FindingCode.EMPTY_REPLY: FormatCheck.REASON,
-    FindingCode.MISSING_REASON: FormatCheck.REASON,
-    FindingCode.EMPTY_REASON: FormatCheck.REASON,
-    FindingCode.UNCLOSED_REASON: FormatCheck.REASON,
-    FindingCode.MULTIPLE_REASONS: FormatCheck.REASON,
-    FindingCode.UNCLOSED_TOOL_CALL: FormatCheck.JSON,
-    FindingCode.STRAY_CLOSE_TAG: FormatCheck.CLEAN,
-    FindingCode.BAD_JSON: FormatCheck.JSON,
-    FindingCode.CALL_NOT_OBJECT: FormatCheck.JSON,
-    FindingCode.MISSING_NAME: FormatCheck.JSON,
-    FindingCode.ARGUMENTS_NOT_OBJECT: FormatCheck.JSON,
-    FindingCode.ARGUMENTS_AS_STRING: FormatCheck.JSON,
-    FindingCode.MULTIPLE_CALLS: FormatCheck.ONE_CALL,
-    FindingCode.NO_ACTION: FormatCheck.TERMINATE,
-    FindingCode.CALL_WITH_TERMINATE: FormatCheck.TERMINATE,
-    FindingCode.MULTIPLE_TERMINATES: FormatCheck.TERMINATE,
-    FindingCode.CODE_FENCE: FormatCheck.CLEAN,
-    FindingCode.EXTRA_TEXT: FormatCheck.CLEAN,
+_CODES_OF: dict[FormatCheck, tuple[FindingCode, ...]] = {
+    FormatCheck.REASON: (FindingCode.EMPTY_REPLY, FindingCode.MISSING_REASON, FindingCode.EMPTY_REASON,
+                         FindingCode.UNCLOSED_REASON, FindingCode.MULTIPLE_REASONS),
+    FormatCheck.JSON: (FindingCode.UNCLOSED_TOOL_CALL, FindingCode.BAD_JSON, FindingCode.CALL_NOT_OBJECT,
+                       FindingCode.MISSING_NAME, FindingCode.ARGUMENTS_NOT_OBJECT,
+                       FindingCode.ARGUMENTS_AS_STRING),
+    FormatCheck.ONE_CALL: (FindingCode.MULTIPLE_CALLS,),
+    FormatCheck.TERMINATE: (FindingCode.NO_ACTION, FindingCode.CALL_WITH_TERMINATE,
+                            FindingCode.MULTIPLE_TERMINATES),
+    FormatCheck.CLEAN: (FindingCode.STRAY_CLOSE_TAG, FindingCode.CODE_FENCE, FindingCode.EXTRA_TEXT),
 }
+_CHECK_OF = {code: check for check, codes in _CODES_OF.items() for code in codes}
 
 # Findings after which nothing is executed this turn.
 BLOCKING = {

@@ -135,25 +135,20 @@ class Turn:
         if call is not None and (not isinstance(call, dict) or not isinstance(call.get("name"), str)
                                  or not isinstance(call.get("arguments") or {}, dict)):
             raise TypeError("turn field 'call' must be {name: str, arguments: object}")
+        # Fields read as stored; a missing one keeps its default.
+        plain = ("reason", "check", "status", "error_code", "error", "tool_text", "output_id", "observation")
         return cls(
             index=d["index"],
             reply=d.get("reply", ""),
-            reason=d.get("reason"),
             findings=[Finding.from_dict(x) for x in d.get("findings", [])],
             call=ToolCall(call["name"], call.get("arguments")) if call else None,
             n_calls=d.get("n_calls", 1 if call else 0),
-            check=d.get("check"),
-            status=d.get("status", "no_call"),
-            error_code=d.get("error_code"),
-            error=d.get("error"),
-            tool_text=d.get("tool_text"),
-            output_id=d.get("output_id"),
             result_data=d.get("result_data") or {},
-            observation=d.get("observation"),
             imglist=list(d.get("imglist") or []),
             plumbing_only=bool(d.get("plumbing_only", False)),
             policy_s=float(d.get("policy_s", 0.0)),
             tool_s=float(d.get("tool_s", 0.0)),
+            **{k: d[k] for k in plain if k in d},
         )
 
 

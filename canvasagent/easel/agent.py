@@ -288,17 +288,14 @@ def run_semantic(spec: str, seeds: Sequence[int] = (0,), cfg: AgentConfig = Agen
                  out_dir: str | Path | None = None, task_names: Sequence[str] = semantic.TASK_NAMES,
                  ocr: tasks.OCRFn | None = None) -> list[semantic.SemanticResult]:
     """Agent on the semantic tasks -> semantic rows (table.md/semantic.png)."""
-    if ocr is None and "handwriting" in task_names:
-        ocr = tasks.rapidocr_reader()
+    suite = semantic.make_tasks(task_names, seeds, ocr)
     source = AgentPolicySource(spec, cfg)
     results, canvases = [], []
     try:
-        for name in task_names:
-            for seed in seeds:
-                task = semantic.make_task(name, seed, ocr)
-                ep = play(source, task, cfg, out_dir, seed)
-                results.append(semantic.result_of(task, seed, source.name, ep.session, ep.seconds))
-                canvases.append(ep.session.canvas)
+        for seed, task in suite:
+            ep = play(source, task, cfg, out_dir, seed)
+            results.append(semantic.result_of(task, seed, source.name, ep.session, ep.seconds))
+            canvases.append(ep.session.canvas)
     finally:
         source.close()
     if out_dir is not None:

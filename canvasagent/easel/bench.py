@@ -129,19 +129,14 @@ def run(policy: str, cfg: BenchConfig, out_dir: str | Path | None = None,
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         partial = open(Path(out_dir) / "partial.jsonl", "w")  # survives an interrupted run
     outs = []
-
-    def keep(o):
+    # anchors are instant: worker start-up would dominate, so run them inline
+    parallel_ok = policy == "painter" and len(jobs) > 1 and (cfg.workers > 1 or cfg.ray)
+    for _, o in parallel.imap_jobs(_job, jobs, cfg.workers if parallel_ok else 1,
+                                   "ray" if parallel_ok and cfg.ray else "local"):
         outs.append(o)
         if partial is not None:
             partial.write(json.dumps(o[0].row()) + "\n")
             partial.flush()
-
-    # anchors are instant: worker start-up would dominate, so run them inline
-    parallel_ok = policy == "painter" and len(jobs) > 1 and (cfg.workers > 1 or cfg.ray)
-    backend = "ray" if cfg.ray else "local"
-    for _, o in parallel.imap_jobs(_job, jobs, cfg.workers if parallel_ok else 1,
-                                   backend if parallel_ok else "local"):
-        keep(o)
     if partial is not None:
         partial.close()
     order = {(j[0].task_id, str(j[2])): i for i, j in enumerate(jobs)}

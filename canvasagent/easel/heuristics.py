@@ -165,8 +165,7 @@ def handwriting_plan(task: HandwritingTask) -> np.ndarray:
     res = task.resolution
     font = cv2.FONT_HERSHEY_SIMPLEX
     (tw, th), _ = cv2.getTextSize(task.word, font, 1.0, 1)
-    scale = 0.8 * res / max(tw, 1)
-    scale = min(scale, 0.35 * res / max(th, 1))
+    scale = min(0.8 * res / max(tw, 1), 0.35 * res / max(th, 1))
     (tw, th), _ = cv2.getTextSize(task.word, font, scale, 1)
     img = np.zeros((res, res), np.uint8)
     cv2.putText(img, task.word, ((res - tw) // 2, (res + th) // 2), font, scale, 1, 1, cv2.LINE_8)

@@ -21,13 +21,14 @@ import numpy as np
 from .render import R_MAX_FRAC, R_MIN_PX
 
 
-def _disc_union_alpha(p: np.ndarray, h: int, w: int, scale: int, ts: np.ndarray,
+def _disc_union_alpha(params: Sequence[float], h: int, w: int, scale: int, ts: np.ndarray,
                       windowed: bool = False) -> np.ndarray:
     """Hard-coverage alpha at ``scale``x resolution using discs at parameters ``ts``.
 
     ``windowed`` restricts each disc's work to its own bounding box (same
     result, used for the dense ground truth where full-canvas work is too slow).
     """
+    p = np.asarray(params, dtype=np.float64)
     hh, ww = h * scale, w * scale
     u = 1 - ts
     bx = (u * u * p[0] + 2 * ts * u * p[2] + ts * ts * p[4]) * w
@@ -57,24 +58,18 @@ def _disc_union_alpha(p: np.ndarray, h: int, w: int, scale: int, ts: np.ndarray,
         best = np.where(better, depth, best)
         alpha = np.where(better, a, alpha)
     alpha = np.where(best >= 0, alpha, 0.0)
-    return alpha.reshape(h, scale, w, scale).mean(axis=(1, 3))
+    return alpha.reshape(h, scale, w, scale).mean(axis=(1, 3)).astype(np.float32)
 
 
 def reference_alpha(params: Sequence[float], h: int, w: int | None = None) -> np.ndarray:
     """Learning-to-Paint style: 100 circles at 2x, then 2x2 box downsample."""
-    w = w or h
-    p = np.asarray(params, dtype=np.float64)
-    ts = np.arange(100) / 100.0
-    return _disc_union_alpha(p, h, w, 2, ts).astype(np.float32)
+    return _disc_union_alpha(params, h, w or h, 2, np.arange(100) / 100.0)
 
 
 def supersampled_alpha(params: Sequence[float], h: int, w: int | None = None, ss: int = 4,
                        n_t: int = 1024) -> np.ndarray:
     """Ground truth: ss x ss supersampled hard coverage with dense t sampling."""
-    w = w or h
-    p = np.asarray(params, dtype=np.float64)
-    ts = np.linspace(0.0, 1.0, n_t)
-    return _disc_union_alpha(p, h, w, ss, ts, windowed=True).astype(np.float32)
+    return _disc_union_alpha(params, h, w or h, ss, np.linspace(0.0, 1.0, n_t), windowed=True)
 
 
 def composite_np(canvas: np.ndarray, alpha: np.ndarray, color: Sequence[float]) -> np.ndarray:

@@ -121,10 +121,7 @@ def expand_fixed(path: Sequence[float] | np.ndarray, app: FixedAppearance = FIXE
     n = p.shape[0]
     out = np.empty((n, N_PARAMS), dtype=np.float64)
     out[:, :6] = p
-    out[:, 6] = app.radius
-    out[:, 7] = app.opacity
-    out[:, 8] = app.radius
-    out[:, 9] = app.opacity
+    out[:, 6:10] = (app.radius, app.opacity, app.radius, app.opacity)  # rs, os, re, oe
     out[:, 10:13] = np.asarray(app.color)
     return out[0] if np.ndim(path) == 1 else out
 

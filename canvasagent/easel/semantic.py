@@ -50,7 +50,12 @@ class SemanticResult:
         return asdict(self)
 
 
-make_task = tasks.semantic_task
+def make_tasks(task_names: Sequence[str], seeds: Sequence[int],
+               ocr: tasks.OCRFn | None = None) -> list[tuple[int, Any]]:
+    """(seed, task) for every task name and seed; the handwriting tasks share one OCR reader."""
+    if ocr is None and "handwriting" in task_names:
+        ocr = tasks.rapidocr_reader()  # load once, shared by every handwriting episode
+    return [(seed, tasks.semantic_task(name, seed, ocr)) for name in task_names for seed in seeds]
 
 
 def result_of(task: Any, seed: int, policy: str, session: CanvasSession, seconds: float) -> SemanticResult:
@@ -76,17 +81,13 @@ def run_plan_episode(task: Any, policy: str, seed: int = 0) -> tuple[SemanticRes
 def run(policies: Sequence[str], seeds: Sequence[int] = (0,), out_dir: str | Path | None = None,
         task_names: Sequence[str] = TASK_NAMES, ocr: tasks.OCRFn | None = None) -> list[SemanticResult]:
     """Every (task, seed, policy); writes the table, PNG and canvases when ``out_dir`` is given."""
-    if ocr is None and "handwriting" in task_names:
-        ocr = tasks.rapidocr_reader()  # load once, shared by every handwriting episode
     results, canvases = [], []
-    for name in task_names:
-        for seed in seeds:
-            task = make_task(name, seed, ocr)
-            for pol in policies:
-                r, canvas = run_plan_episode(task, pol, seed)
-                results.append(r)
-                canvases.append(canvas)
-                log.info("%s seed %d %s: %.3f", name, seed, pol, r.score)
+    for seed, task in make_tasks(task_names, seeds, ocr):
+        for pol in policies:
+            r, canvas = run_plan_episode(task, pol, seed)
+            results.append(r)
+            canvases.append(canvas)
+            log.info("%s seed %d %s: %.3f", task.name, seed, pol, r.score)
     if out_dir is not None:
         write_outputs(results, canvases, out_dir)
     return results

@@ -176,11 +176,9 @@ def load_photos(folder: str | Path | None = None) -> list[np.ndarray]:
     if key not in _PHOTO_CACHE:
         if folder:
             paths = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".bmp", ".webp"))
-            imgs = []
-            for p in paths:
-                im = cv2.imread(str(p), cv2.IMREAD_COLOR)
-                if im is not None and min(im.shape[:2]) >= 64:
-                    imgs.append(cv2.cvtColor(im, cv2.COLOR_BGR2RGB))
+            read = [cv2.imread(str(p), cv2.IMREAD_COLOR) for p in paths]
+            imgs = [cv2.cvtColor(im, cv2.COLOR_BGR2RGB) for im in read
+                    if im is not None and min(im.shape[:2]) >= 64]
             if not imgs:
                 raise ValueError(f"no usable images in {folder}")
             _PHOTO_CACHE[key] = imgs
@@ -290,9 +288,6 @@ class OutlineTask:
     def initial_canvas(self) -> np.ndarray:
         return self.image.copy()
 
-    def check_stroke(self, params13: np.ndarray, canvas: np.ndarray) -> str | None:
-        return None
-
     def region(self, canvas: np.ndarray) -> np.ndarray:
         """Ink plus everything it encloses."""
         return ndimage.binary_fill_holes(ink_mask(canvas, self.image))
@@ -314,15 +309,12 @@ def circle_outline_task(seed: int = 0, res: int = 256) -> OutlineTask:
 
 
 def _apple(img: np.ndarray, mask: np.ndarray | None, cx: int, cy: int, r: int, color) -> None:
-    # two overlapping discs give the apple's top notch; stem and leaf on top
-    for dx in (-0.35, 0.35):
-        c = (int(cx + dx * r), cy)
-        cv2.circle(img, c, int(0.8 * r), color, -1, cv2.LINE_AA)
+    # two overlapping discs give the apple's top notch, a third its body; stem and leaf on top
+    discs = [((int(cx + dx * r), cy), int(0.8 * r)) for dx in (-0.35, 0.35)]
+    for c, rad in discs + [((cx, int(cy + 0.15 * r)), int(0.85 * r))]:
+        cv2.circle(img, c, rad, color, -1, cv2.LINE_AA)
         if mask is not None:
-            cv2.circle(mask, c, int(0.8 * r), 1, -1)
-    cv2.circle(img, (cx, int(cy + 0.15 * r)), int(0.85 * r), color, -1, cv2.LINE_AA)
-    if mask is not None:
-        cv2.circle(mask, (cx, int(cy + 0.15 * r)), int(0.85 * r), 1, -1)
+            cv2.circle(mask, c, rad, 1, -1)
     cv2.line(img, (cx, cy - int(0.6 * r)), (cx + int(0.1 * r), cy - int(1.05 * r)), (90, 60, 30), max(2, r // 10), cv2.LINE_AA)
     cv2.ellipse(img, (cx + int(0.3 * r), cy - int(0.95 * r)), (int(0.25 * r), int(0.1 * r)), -20, 0, 360,
                 (60, 150, 60), -1, cv2.LINE_AA)
@@ -378,9 +370,6 @@ class HandwritingTask:
     def initial_canvas(self) -> np.ndarray:
         return render.blank_canvas(self.resolution)
 
-    def check_stroke(self, params13: np.ndarray, canvas: np.ndarray) -> str | None:
-        return None
-
     def score(self, canvas: np.ndarray) -> float:
         if self.ocr is None:
             self.ocr = rapidocr_reader()
@@ -425,17 +414,10 @@ def generate_maze(cells: int, seed: int) -> Maze:
         r, c = q.popleft()
         if (r, c) == goal:
             break
-        moves = []
-        if not wh[r + 1, c]:
-            moves.append((r + 1, c))
-        if not wh[r, c]:
-            moves.append((r - 1, c))
-        if not wv[r, c + 1]:
-            moves.append((r, c + 1))
-        if not wv[r, c]:
-            moves.append((r, c - 1))
-        for m in moves:
-            if m not in prev:
+        moves = (((r + 1, c), wh[r + 1, c]), ((r - 1, c), wh[r, c]),  # (neighbour, wall between)
+                 ((r, c + 1), wv[r, c + 1]), ((r, c - 1), wv[r, c]))
+        for m, walled in moves:
+            if not walled and m not in prev:
                 prev[m] = (r, c)
                 q.append(m)
     route = [goal]
@@ -479,18 +461,13 @@ class MazeTask:
         for (r, c), col in (((0, 0), (120, 220, 120)), ((n - 1, n - 1), (230, 110, 110))):
             x0, y0 = int(m + c * cp + 2), int(m + r * cp + 2)
             cv2.rectangle(img, (x0, y0), (int(m + (c + 1) * cp - 2), int(m + (r + 1) * cp - 2)), col, -1)
-        for r in range(n + 1):
-            for c in range(n):
-                if self.maze.walls_h[r, c]:
-                    p0, p1 = (int(m + c * cp), int(m + r * cp)), (int(m + (c + 1) * cp), int(m + r * cp))
-                    cv2.line(img, p0, p1, (0, 0, 0), self.wall_px)
-                    cv2.line(wall, p0, p1, 1, self.wall_px)
-        for r in range(n):
-            for c in range(n + 1):
-                if self.maze.walls_v[r, c]:
-                    p0, p1 = (int(m + c * cp), int(m + r * cp)), (int(m + c * cp), int(m + (r + 1) * cp))
-                    cv2.line(img, p0, p1, (0, 0, 0), self.wall_px)
-                    cv2.line(wall, p0, p1, 1, self.wall_px)
+        # wall segments as (row, col) grid corners: horizontal ones first, then vertical ones
+        segments = [((r, c), (r, c + 1)) for r, c in zip(*np.nonzero(self.maze.walls_h))]
+        segments += [((r, c), (r + 1, c)) for r, c in zip(*np.nonzero(self.maze.walls_v))]
+        for (r0, c0), (r1, c1) in segments:
+            p0, p1 = (int(m + c0 * cp), int(m + r0 * cp)), (int(m + c1 * cp), int(m + r1 * cp))
+            cv2.line(img, p0, p1, (0, 0, 0), self.wall_px)
+            cv2.line(wall, p0, p1, 1, self.wall_px)
         return img.astype(np.float32) / 255.0, wall.astype(bool)
 
     def initial_canvas(self) -> np.ndarray:

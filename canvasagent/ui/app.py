@@ -250,9 +250,6 @@ def build_app(config: UIConfig | None = None):
             table_, group_dd, a_dd, b_dd = refilter(rs, None, None, R.SORTS[0], "", False)
             return (rs, msg, gr.Dropdown(choices=[ALL, *steps_], value=ALL), group_dd, table_, a_dd, b_dd)
 
-        def on_filter(rs, step_, group_, sort_, min_, err_, a, b):
-            return refilter(rs, step_, group_, sort_, min_, err_, a, b)
-
         def on_row(rs, evt: gr.SelectData):
             """Clicking a row of the table shows that rollout as A."""
             try:
@@ -270,7 +267,7 @@ def build_app(config: UIConfig | None = None):
             demo.load(on_load, [folder, scale], load_outs)
         filters = [rs_state, f_step, f_group, f_sort, f_min, f_err, pick_a, pick_b]
         for comp in (f_step, f_group, f_sort, f_min, f_err):
-            comp.change(on_filter, filters, [table, f_group, pick_a, pick_b])
+            comp.change(refilter, filters, [table, f_group, pick_a, pick_b])
         table.select(on_row, [rs_state], [pick_a])
         pick_a.change(lambda rs, k: viewer.side(rs, k), [rs_state, pick_a], [side_a, images_a])
         pick_b.change(lambda rs, k: viewer.side(rs, k), [rs_state, pick_b], [side_b, images_b])

@@ -93,11 +93,7 @@ def _inside(root: Path, rel: Any) -> Path | None:
     if p.is_absolute():
         return None
     full = (root / p).resolve()
-    try:
-        full.relative_to(root.resolve())
-    except ValueError:
-        return None
-    return full
+    return full if full.is_relative_to(root.resolve()) else None
 
 
 def _finite(v: Any) -> float | None:

@@ -162,6 +162,15 @@ def read_record(
     return PublicTrajectory(task, system, replies, tool_turns)
 
 
+def _loads(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{where}: {e}") from None
+    except RecursionError:
+        raise FormatError(f"{where}: JSON nested too deeply") from None
+
+
 def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
     """Records from a .json (one record or a list) or .jsonl file."""
     p = Path(path)
@@ -172,19 +181,9 @@ def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
     if p.suffix == ".jsonl":
         for line_no, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise FormatError(f"{p}:{line_no}: {e}") from None
-                except RecursionError:
-                    raise FormatError(f"{p}:{line_no}: JSON nested too deeply") from None
+                yield _loads(line, f"{p}:{line_no}")
         return
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FormatError(f"{p}: {e}") from None
-    except RecursionError:
-        raise FormatError(f"{p}: JSON nested too deeply") from None
+    data = _loads(text, str(p))
     if isinstance(data, dict):
         yield data
     elif isinstance(data, list):

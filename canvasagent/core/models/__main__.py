@@ -23,11 +23,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from canvasagent.core.models.tiny import build_tiny_qwen3vl
 
-    if args.command == "build-tiny":
-        path = build_tiny_qwen3vl(args.out, seed=args.seed)
-        print(path)
-        return 0
-    return 2  # pragma: no cover - argparse rejects unknown commands
+    print(build_tiny_qwen3vl(args.out, seed=args.seed))  # build-tiny: argparse rejects any other command
+    return 0
 
 
 if __name__ == "__main__":

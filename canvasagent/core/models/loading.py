@@ -141,6 +141,16 @@ def _is_resolution_error(exc: BaseException) -> bool:
         return False
 
 
+def _load(source: ModelSource, what: str, from_pretrained: Any, **kwargs: Any) -> Any:
+    """`from_pretrained(source.ref, **kwargs)`; files that cannot be found raise ModelUnavailableError."""
+    try:
+        return from_pretrained(source.ref, **kwargs)
+    except Exception as exc:
+        if _is_resolution_error(exc):
+            raise _unavailable(source, what, exc) from exc
+        raise
+
+
 # --------------------------------------------------------------------------------------------
 # Policy
 # --------------------------------------------------------------------------------------------
@@ -187,14 +197,8 @@ def load_policy(
         kwargs["dtype"] = resolved_dtype
     if device_map is not None:
         kwargs["device_map"] = device_map
-    try:
-        model = AutoModelForImageTextToText.from_pretrained(
-            source.ref, trust_remote_code=trust_remote_code, **kwargs
-        )
-    except Exception as exc:
-        if _is_resolution_error(exc):
-            raise _unavailable(source, "policy model", exc) from exc
-        raise
+    model = _load(source, "policy model", AutoModelForImageTextToText.from_pretrained,
+                  trust_remote_code=trust_remote_code, **kwargs)
     logger.info(
         "Loaded policy %s from %s (%s params, dtype %s)",
         type(model).__name__,
@@ -388,12 +392,7 @@ def load_processor(
             "AutoProcessor needs torchvision (%s); using the image-only Qwen3-VL processor",
             str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
         )
-        try:
-            processor = _image_only_processor_class().from_pretrained(source.ref, **processor_kwargs)
-        except Exception as exc2:
-            if _is_resolution_error(exc2):
-                raise _unavailable(source, "processor", exc2) from exc2
-            raise
+        processor = _load(source, "processor", _image_only_processor_class().from_pretrained, **processor_kwargs)
 
     if torch_image_outputs and getattr(processor, "image_processor", None) is not None:
         force_torch_image_outputs(processor.image_processor)

@@ -328,10 +328,14 @@ def _model_config(spec: TinyQwen3VLSpec, tokenizer):
     )
 
 
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def _rewrite_json(path: Path, **updates) -> None:
     data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     data.update(updates)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    _write_json(path, data)
 
 
 def build_tiny_qwen3vl(
@@ -366,12 +370,10 @@ def build_tiny_qwen3vl(
     )
     processor.save_pretrained(out)
     # Backend-neutral image processor type (like the hub's): torchvision machines pick the fast one.
-    for name in ("preprocessor_config.json",):
-        if (out / name).exists():
-            _rewrite_json(out / name, image_processor_type="Qwen2VLImageProcessor", processor_class="Qwen3VLProcessor")
-    (out / "video_preprocessor_config.json").write_text(
-        json.dumps(_video_processor_config(spec), indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
+    if (out / "preprocessor_config.json").exists():
+        _rewrite_json(out / "preprocessor_config.json", image_processor_type="Qwen2VLImageProcessor",
+                      processor_class="Qwen3VLProcessor")
+    _write_json(out / "video_preprocessor_config.json", _video_processor_config(spec))
     _rewrite_json(out / "tokenizer_config.json", processor_class="Qwen3VLProcessor")
 
     config = _model_config(spec, tokenizer)
@@ -386,9 +388,7 @@ def build_tiny_qwen3vl(
     model.generation_config.pad_token_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     model.generation_config.bos_token_id = None
     model.save_pretrained(out)
-    (out / "canvasagent_tiny.json").write_text(
-        json.dumps({"seed": seed, "spec": asdict(spec)}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
+    _write_json(out / "canvasagent_tiny.json", {"seed": seed, "spec": asdict(spec)})
     n_params = sum(p.numel() for p in model.parameters())
     logger.info(
         "Built tiny Qwen3-VL (%s params, vocab %d) in %s in %.1fs",

@@ -69,11 +69,9 @@ class HFLocalPolicy:
                 f"{self.context_limit}-token context of {self.model_path}"
             )
         inputs = {k: v.to(cfg.device) if hasattr(v, "to") else v for k, v in inputs.items()}
-        gen_kwargs: dict[str, Any] = {"max_new_tokens": cfg.max_new_tokens}
+        gen_kwargs: dict[str, Any] = {"max_new_tokens": cfg.max_new_tokens, "do_sample": cfg.temperature > 0}
         if cfg.temperature > 0:
-            gen_kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p)
-        else:
-            gen_kwargs.update(do_sample=False)
+            gen_kwargs.update(temperature=cfg.temperature, top_p=cfg.top_p)
         with self._lock, torch.inference_mode():
             if cfg.seed is not None:
                 torch.manual_seed(cfg.seed)
