@@ -17,7 +17,7 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from toolserver.config import find_config, from_dict, load_yaml
 
@@ -116,18 +116,6 @@ def plan_jobs(kind: str, cfg: BuildConfig) -> list[ShardJob]:
 
 # -- the shard task (runs in a worker process or a Ray task) -----------------------------------
 
-ShardFn = Callable[[BuildConfig, ShardJob], tuple[list[dict[str, Any]], dict[str, Any]]]
-
-
-def _shard_fn(kind: str) -> ShardFn:
-    if kind == "sft":
-        from canvascraft.sft import build_sft_shard
-
-        return build_sft_shard
-    from canvascraft.rl import build_rl_shard
-
-    return build_rl_shard
-
 
 def run_shard(kind: str, cfg_dict: dict[str, Any], job: ShardJob, out: str) -> tuple[ShardJob, int, dict[str, Any]]:
     """Build one shard and write it atomically. Plain arguments, so Pool and Ray can ship it."""
@@ -137,7 +125,11 @@ def run_shard(kind: str, cfg_dict: dict[str, Any], job: ShardJob, out: str) -> t
 
     datasets.disable_progress_bars()
     cfg = from_dict(CONFIG_TYPES[kind], cfg_dict)
-    rows, stats = _shard_fn(kind)(cfg, job)
+    if kind == "sft":
+        from canvascraft.sft import build_sft_shard as build_shard
+    else:
+        from canvascraft.rl import build_rl_shard as build_shard
+    rows, stats = build_shard(cfg, job)
     write_parquet_atomic(rows, kind, Path(out) / job.file)
     return job, len(rows), stats
 
@@ -191,7 +183,10 @@ def run_build(
         log.info("resuming %s: %d of %d shards already done", out, len(jobs) - len(pending), len(jobs))
     cfg_dict = asdict(cfg)
     total = sum(j.stop - j.start for j in jobs)
-    bar = _progress(total, sum(j.stop - j.start for j in jobs if j not in pending), kind, progress)
+    from tqdm.auto import tqdm
+
+    done_slots = sum(j.stop - j.start for j in jobs if j not in pending)
+    bar = tqdm(total=total, initial=done_slots, desc=f"canvascraft {kind}", unit="slot", disable=not progress)
     finished = 0
     try:
         for job, n_rows, stats in _execute(kind, cfg_dict, pending, str(out), cfg.workers, use_ray, cfg.worker_restarts):
@@ -207,12 +202,6 @@ def run_build(
     manifest["complete"] = len(done) == len(jobs)
     _write_json_atomic(out / MANIFEST, manifest)
     return manifest
-
-
-def _progress(total: int, initial: int, kind: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=f"canvascraft {kind}", unit="slot", disable=not enabled)
 
 
 def _execute(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str, workers: int, use_ray: bool, restarts: int = 3):

@@ -59,11 +59,9 @@ class Chain:
         if unknown:
             raise ValueError(f"chain {raw!r}: unknown keys {sorted(unknown)}")
         inputs = spec.get("inputs")
-        if inputs is None:
-            inputs = default_inputs(tools)
+        inputs = default_inputs(tools) if inputs is None else inputs
         needs = spec.get("needs")
-        if needs is None:
-            needs = default_needs(tools, inputs)
+        needs = default_needs(tools, inputs) if needs is None else needs
         weight = float(spec.get("weight", 1.0))
         if weight < 0:
             raise ValueError(f"chain {raw!r}: negative weight")
@@ -86,10 +84,6 @@ class Chain:
     @property
     def distinct_tools(self) -> int:
         return len(set(self.tools))
-
-    @property
-    def starts_with_generation(self) -> bool:
-        return self.tools[0] == "ImageGeneration"
 
 
 def default_inputs(tools: Sequence[str]) -> int:
@@ -154,10 +148,6 @@ class ChainSet:
         if not live:
             raise ValueError("no chain has a positive weight")
         return rng.choices(live, weights=[c.weight for c in live], k=1)[0]
-
-    def mix(self) -> dict[str, float]:
-        total = sum(c.weight for c in self.chains) or 1.0
-        return {c.name: c.weight / total for c in self.chains}
 
     def __iter__(self):
         return iter(self.chains)

@@ -14,6 +14,7 @@ from canvascraft.chains import ChainSet
 from canvascraft.sources import ImageSource, make_source
 from canvascraft.writers import Phrasings, Writer, make_writer
 from toolserver.client import make_toolbox
+from toolserver.results import close_if_closable
 
 
 @dataclass
@@ -52,6 +53,4 @@ def release_contexts() -> None:
     old = list(_CACHE.values())
     _CACHE.clear()
     for ctx in old:
-        close = getattr(ctx.toolbox, "close", None)
-        if callable(close):
-            close()
+        close_if_closable(ctx.toolbox)

@@ -78,7 +78,7 @@ def correction_angle(rotation_ccw: int, profile: Profile) -> int:
 
 def correctable_rotations(profile: Profile) -> tuple[int, ...]:
     """Scene rotations (CCW) that a single Rotate call can undo under `profile`."""
-    return tuple((360 - a) % 360 if profile is Profile.CANVASCRAFT else a for a in (45, 90, 180))
+    return tuple(correction_angle(a, profile) for a in (45, 90, 180))
 
 
 @dataclass
@@ -95,15 +95,6 @@ class Plan:
     inputs: list[SourceImage]
     # Text OCR should read, when the plan guarantees it is upright and unedited at that point.
     expect_text: str | None = None
-    subject: str = ""  # what the instruction is about, for openers ("the sign", "this photo")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "chain": self.chain.name,
-            "steps": [{"tool": s.tool, "clause": s.clause, "params": s.params} for s in self.steps],
-            "inputs": [i.meta for i in self.inputs],
-            "expect_text": self.expect_text,
-        }
 
 
 @dataclass
@@ -138,8 +129,7 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
     for i, tool in enumerate(chain.tools):
         later = chain.tools[i + 1 :]
         if tool == "ImageGeneration":
-            wants_text = any(t == "OCR" for t in later)
-            if wants_text:
+            if "OCR" in later:
                 word = rng.choice(SIGN_WORDS)
                 prompt, labels = f"a shop front with a large sign that reads '{word}'", ["sign", "shop front"]
                 st.text = word
@@ -168,10 +158,8 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
                 # No box to come from Grounding: the instruction states the region itself.
                 st.cropped_to = "region"
                 steps.append(Step(tool, "Crop.region", _region(rng)))
-        elif tool == "SAM":
-            steps.append(Step(tool, "SAM", {"target": st.grounded or _target(st, rng)}))
-        elif tool == "Extract":
-            steps.append(Step(tool, "Extract", {"target": st.grounded or _target(st, rng)}))
+        elif tool in ("SAM", "Extract"):
+            steps.append(Step(tool, tool, {"target": st.grounded or _target(st, rng)}))
         elif tool == "Overlayer":
             pos_name = _fresh(list(POSITIONS), st, rng)
             params: dict[str, Any] = {"position_name": pos_name, "position": list(POSITIONS[pos_name])}
@@ -202,8 +190,7 @@ def make_plan(chain: Chain, inputs: list[SourceImage], rng: random.Random, profi
         else:  # pragma: no cover - chains are validated against the registry
             raise ValueError(f"no planner for tool {tool}")
         st.have.update(REGISTRY[tool].produces)
-    subject = "sign" if st.text and not chain.starts_with_generation else "image"
-    return Plan(chain, steps, inputs, expect, subject)
+    return Plan(chain, steps, inputs, expect)
 
 
 def _region(rng: random.Random) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from canvasagent.core.trajectory import Trajectory
 from canvascraft.chains import Chain, chain_name, default_needs
 from canvascraft.formats import dump_checks, png
 from canvascraft.plan import Plan, make_plan
-from canvascraft.sft import ChainPolicy, bump, missing_backends, pick_inputs, quality_control
-from rewards.checks import CheckContext, run_check
+from canvascraft.sft import ChainPolicy, bump, draw, missing_backends, pick_inputs, quality_control
+from rewards.checks import CheckContext, answering_turn, run_check
 from toolserver.registry import REGISTRY, Backend, OutputKind
 from toolserver.registry import tools as registry_tools
 
@@ -162,18 +162,6 @@ def checks_for(plan: Plan, has_reference: bool, ocr_answer: str | None = None, e
     return checks
 
 
-def tools_read(traj: Trajectory, tool: str, text: str) -> bool:
-    """True if a successful `tool` call of the trajectory answered with `text` (spaces and case
-    ignored), as the `answer_contains` check reads it."""
-    want = "".join(text.split()).lower()
-    return any(t.call is not None and t.call.name == tool and t.status == "ok" and want in "".join((t.observation or "").split()).lower()
-               for t in traj.turns)
-
-
-def _deterministic(chain: Chain) -> bool:
-    return all(REGISTRY[t].backend is Backend.PURE for t in chain.tools)
-
-
 # Model tools that leave the image as it is (OCR answers in text), and model tools that give the
 # same answer for the same input up to numerical noise (CPU Real-ESRGAN; OCR, whose reading a
 # caption may repeat).
@@ -185,9 +173,9 @@ def _has_reference(chain: Chain) -> bool:
     """Whether the reference solution's final image is the task's target: always for a
     deterministic chain; for pure tools plus image-neutral or reproducible model tools only when
     the chain crops or rotates, whose box or angle no other check sees."""
-    if _deterministic(chain):
-        return True
     tools = set(chain.tools)
+    if all(REGISTRY[t].backend is Backend.PURE for t in tools):
+        return True
     return bool(tools & {"Crop", "Rotate"}) and all(REGISTRY[t].backend is Backend.PURE or t in IMAGE_NEUTRAL | REPRODUCIBLE for t in tools)
 
 
@@ -196,10 +184,6 @@ def _exact_reference(chain: Chain, plan: Plan) -> bool:
     no caption repeats what OCR read (the model's reading drawn into the image: matched by SSIM)."""
     return all(REGISTRY[t].backend is Backend.PURE or t in IMAGE_NEUTRAL for t in chain.tools) and not any(
         s.clause == "Overlayer.ocr" for s in plan.steps)
-
-
-def _draw(shares: dict[str, float], rng: random.Random) -> str:
-    return rng.choices(list(shares), weights=list(shares.values()), k=1)[0]
 
 
 def new_rl_stats() -> dict[str, Any]:
@@ -216,7 +200,7 @@ def build_rl_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str, 
     for slot in range(job.start, job.stop):
         stats["slots"] += 1
         base = random.Random(f"rl:{job.split}:{job.seed}:{slot}")
-        target = {ax: _draw(getattr(cfg, ax), base) for ax in ("reasoning", "length", "diversity")}
+        target = {ax: draw(getattr(cfg, ax), base) for ax in ("reasoning", "length", "diversity")}
         best: dict[str, Any] | None = None
         for attempt in range(cfg.max_attempts):
             rng = random.Random(f"rl:{job.split}:{job.seed}:{slot}:{attempt}")
@@ -259,7 +243,7 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
         return "source_lacks_" + "_".join(chain.needs)
     plan = make_plan(chain, inputs, rng, profile)
     n_cond, state = add_conditions(plan, target["reasoning"], rng)
-    tone = _draw(cfg.tones, rng)
+    tone = draw(cfg.tones, rng)
     instruction = ctx.writer.write(plan, rng, tone)
     labels = {
         "reasoning": reasoning_level(n_cond, state),
@@ -281,7 +265,7 @@ def _make_task(cfg: Any, ctx: Any, chain: Chain, rng: random.Random, target: dic
                 return "reference_equals_input"  # doing nothing would already be right
             reference = png(final.image)
         text = inputs[0].meta.get("text") if inputs else None
-        if text and tools_read(traj, "OCR", text):
+        if text and answering_turn(traj, "OCR", text) is not None:
             ocr_answer = text
         elif text and chain.tools[-1] == "OCR":
             return "reference_unreadable"  # the task's answer is not what its tool can read

@@ -253,16 +253,16 @@ class SftOutcome:
     chain: Chain
     traj: Trajectory | None = None
     plan: Plan | None = None
-    instruction: str = ""
     tone: str = ""
 
 
+def draw(shares: dict[str, float], rng: random.Random) -> str:
+    """A key of `shares`, drawn with the values as weights."""
+    return rng.choices(list(shares), weights=list(shares.values()), k=1)[0]
+
+
 def pick_inputs(chain: Chain, source: ImageSource, rng: random.Random, profile: Profile, sr_input_side: int = 0) -> list[SourceImage] | None:
-    wants = set()
-    if "Rotate" in chain.tools:
-        wants.add("rotated")
-    if "Flip" in chain.tools:
-        wants.add("mirrored")
+    wants = {tag for tool, tag in (("Rotate", "rotated"), ("Flip", "mirrored")) if tool in chain.tools}
     if wants or "OCR" in chain.tools:
         wants.add("text")
     if hasattr(source, "rotations"):
@@ -299,13 +299,11 @@ def build_one(
     if inputs is None:
         return SftOutcome(False, ["source_lacks_" + "_".join(chain.needs)], chain)
     plan = make_plan(chain, inputs, rng, profile)
-    tones = tone_mix or {"explicit": 0.5, "implicit": 0.5}
-    tone = rng.choices(list(tones), weights=list(tones.values()), k=1)[0]
+    tone = draw(tone_mix or {"explicit": 0.5, "implicit": 0.5}, rng)
     if tone not in TONES:
         raise ValueError(f"unknown tone {tone!r}")
-    instruction = writer.write(plan, rng, tone)
     task = Task(
-        instruction=instruction,
+        instruction=writer.write(plan, rng, tone),
         images=[i.image for i in inputs],
         id=task_id,
         expected_tools=list(chain.tools),
@@ -314,7 +312,7 @@ def build_one(
     policy = ChainPolicy(plan, phrasings, rng)
     traj = run_episode(policy, task, toolbox, EpisodeConfig(max_turns=max(max_turns, len(chain.tools) + 1)))
     reasons = quality_control(traj, plan, allow_plumbing, policy.missing)
-    return SftOutcome(not reasons, reasons, chain, traj, plan, instruction, tone)
+    return SftOutcome(not reasons, reasons, chain, traj, plan, tone)
 
 
 # -- one shard of a build ----------------------------------------------------------------------

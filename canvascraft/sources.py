@@ -365,12 +365,9 @@ class HFSource:
 def make_source(spec: str | None, size: int = 256) -> ImageSource:
     """`builtin` (default), `procedural`, `photos`, a folder of images, a saved dataset folder,
     or `hf:NAME[:SPLIT][?image=col&label=col&text=col]`."""
-    if not spec or spec == "builtin":
-        return BuiltinSource(size)
-    if spec == "procedural":
-        return ProceduralSource(size)
-    if spec == "photos":
-        return PhotoSource(size)
+    by_size = {"builtin": BuiltinSource, "procedural": ProceduralSource, "photos": PhotoSource}
+    if not spec or spec in by_size:
+        return by_size[spec or "builtin"](size)
     if spec.startswith("hf:"):
         body, _, query = spec[3:].partition("?")
         name, _, split = body.partition(":")

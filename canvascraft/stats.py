@@ -35,7 +35,7 @@ def aggregate(out: str | Path) -> dict[str, Any]:
         _merge(by_split.setdefault(s["split"], {}), s["stats"])
         _merge(total, s["stats"])
     rejected = sum(total.get("rejected", {}).values())
-    report = {
+    return {
         "kind": m["kind"],
         "complete": m["complete"],
         "shards_done": len(m["shards"]),
@@ -48,7 +48,6 @@ def aggregate(out: str | Path) -> dict[str, Any]:
         "totals": total,
         "splits": by_split,
     }
-    return report
 
 
 def write_report(out: str | Path) -> tuple[Path, Path]:

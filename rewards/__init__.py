@@ -21,14 +21,13 @@ CLI: `canvasagent reward TRAJ [--preset NAME] [--judge offline|http|local] [--js
 """
 
 from rewards.config import RewardConfig, RuleConfig, load_reward_config
-from rewards.rule import RuleBreakdown, RuleReward, score_rule
+from rewards.rule import RuleBreakdown, score_rule
 
 __all__ = [
     "HybridReward",
     "RewardConfig",
     "RuleBreakdown",
     "RuleConfig",
-    "RuleReward",
     "load_reward_config",
     "score_rule",
 ]

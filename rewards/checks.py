@@ -54,7 +54,7 @@ from skimage.metrics import structural_similarity
 
 from canvasagent.core.assets import Asset, AssetStore
 from canvasagent.core.imageio import ImageLoadError, images_match, resolve_path, rgb_float
-from canvasagent.core.trajectory import Trajectory
+from canvasagent.core.trajectory import Trajectory, Turn
 from rewards.judges.base import image_digest
 from toolserver.registry import OutputKind
 from toolserver.request import ToolRequest
@@ -227,12 +227,8 @@ def _ocr_text(result: ToolResult) -> str:
             return data[key]
     lines = data.get("lines")
     if isinstance(lines, list):
-        out = []
-        for ln in lines:
-            if isinstance(ln, str):
-                out.append(ln)
-            elif isinstance(ln, dict) and isinstance(ln.get("text"), str):
-                out.append(ln["text"])
+        texts = [ln.get("text") if isinstance(ln, dict) else ln for ln in lines]
+        out = [t for t in texts if isinstance(t, str)]
         if out:
             return "\n".join(out)
     return result.text or ""
@@ -345,10 +341,23 @@ def _read_ratio(read: str, want: str, fuzzy: bool, min_ratio: float) -> float:
     return best if best >= min_ratio else 0.0
 
 
+def _text(check: dict[str, Any], ctype: str) -> str:
+    text = check.get("text")
+    if not isinstance(text, str) or not text.strip():
+        raise CheckError(f"{ctype} needs a non-empty 'text'")
+    return text
+
+
+def answering_turn(traj: Trajectory, tool: str, text: str, case_sensitive: bool = False) -> Turn | None:
+    """The first successful `tool` call of `traj` that answered with `text` (normalised, spaces
+    ignored), as the `answer_contains` check reads it; None if there is none."""
+    want = _norm_text(text, case_sensitive).replace(" ", "")
+    return next((t for t in traj.turns if t.call is not None and t.call.name == tool and t.status == "ok"
+                 and want in _norm_text(t.observation or "", case_sensitive).replace(" ", "")), None)
+
+
 def _ocr_contains(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
-    target = check.get("text")
-    if not isinstance(target, str) or not target.strip():
-        raise CheckError("ocr_contains needs a non-empty 'text'")
+    target = _text(check, "ocr_contains")
     cs, fuzzy = bool(check.get("case_sensitive", False)), bool(check.get("fuzzy", True))
     min_ratio = float(check.get("min_ratio", 0.6))
     want = _norm_text(target, cs)
@@ -373,16 +382,10 @@ def _ocr_contains(ctx: CheckContext, check: dict[str, Any], final: Image.Image) 
 
 
 def _answer_contains(ctx: CheckContext, check: dict[str, Any], final: Image.Image | None) -> CheckResult:
-    target = check.get("text")
-    if not isinstance(target, str) or not target.strip():
-        raise CheckError("answer_contains needs a non-empty 'text'")
-    tool = str(check.get("tool", "OCR"))
-    cs = bool(check.get("case_sensitive", False))
-    want = _norm_text(target, cs).replace(" ", "")
-    for t in ctx.trajectory.turns:
-        if t.call is not None and t.call.name == tool and t.status == "ok":
-            if want in _norm_text(t.observation or "", cs).replace(" ", ""):
-                return CheckResult("answer_contains", 1.0, f"{tool} answered {target!r} at turn {t.index}", passed=True)
+    target, tool = _text(check, "answer_contains"), str(check.get("tool", "OCR"))
+    t = answering_turn(ctx.trajectory, tool, target, bool(check.get("case_sensitive", False)))
+    if t is not None:
+        return CheckResult("answer_contains", 1.0, f"{tool} answered {target!r} at turn {t.index}", passed=True)
     return CheckResult("answer_contains", 0.0, f"no successful {tool} call answered {target!r}")
 
 
@@ -469,9 +472,7 @@ def _asset_kind(ctx: CheckContext, check: dict[str, Any], final: Image.Image) ->
 
 
 def _grounding_finds(ctx: CheckContext, check: dict[str, Any], final: Image.Image) -> CheckResult:
-    text = check.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise CheckError("grounding_finds needs a non-empty 'text'")
+    text = _text(check, "grounding_finds")
     ans = _tool_answer(ctx, "Grounding", {"reference_text": text}, final)
     if isinstance(ans, CheckResult):
         return ans

@@ -110,14 +110,8 @@ class HybridReward:
         return self.score_many([traj])[0]
 
     def score_many(self, trajs: Sequence[Trajectory]) -> list[dict[str, float]]:
-        out: list[dict[str, float] | None] = [None] * len(trajs)
-        todo: list[int] = []
-        for i, t in enumerate(trajs):
-            hit = self._memo_get(t)
-            if hit is not None:
-                out[i] = hit
-            else:
-                todo.append(i)
+        out = [self._memo_get(t) for t in trajs]
+        todo = [i for i, o in enumerate(out) if o is None]
         if todo:
             views: dict[int, TrajectoryView | None] = {}
             for i in todo:
@@ -184,8 +178,7 @@ class HybridReward:
         path = [t for t in traj.task.expected_tools if isinstance(t, str)]
         expected = set(path)
         called = {c.tool for c in rule.calls if c.name}
-        coverage_ratio = len(expected & called) / len(expected) if expected else 0.0
-        coverage = pc.coverage_max * coverage_ratio if expected else 0.0
+        coverage = pc.coverage_max * (len(expected & called) / len(expected)) if expected else 0.0
         n_exec = rule.n_executable
         e = len(path)
         if e > 1:

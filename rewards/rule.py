@@ -218,12 +218,9 @@ def _numeric_lists(args: Any) -> dict[str, list[float]]:
     if not isinstance(args, dict):
         return out
     for k, v in args.items():
-        if not (isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v)):
-            continue
-        try:
-            out[k] = [float(x) for x in v]
-        except OverflowError:
-            continue
+        if isinstance(v, list) and v and all(isinstance(x, (int, float)) for x in v):
+            with suppress(OverflowError):
+                out[k] = [float(x) for x in v]
     return out
 
 
@@ -263,13 +260,8 @@ def _score_call(
 def _stored_disagrees(stored: dict[str, Any] | None, chk: CallCheck) -> bool:
     if not stored:
         return False
-    return (
-        bool(stored.get("name_ok")) != chk.name_ok
-        or bool(stored.get("schema_ok")) != chk.schema_ok
-        or bool(stored.get("spec_ok")) != chk.spec_ok
-        or int(stored.get("refs_found", 0)) != chk.refs_found
-        or int(stored.get("refs_total", 0)) != chk.refs_total
-    )
+    same_flags = all(bool(stored.get(k)) == getattr(chk, k) for k in ("name_ok", "schema_ok", "spec_ok"))
+    return not same_flags or any(int(stored.get(k, 0)) != getattr(chk, k) for k in ("refs_found", "refs_total"))
 
 
 def _turn_calls(turn: Turn) -> list[tuple[ToolCall, bool, bool]]:
@@ -451,13 +443,3 @@ def _score_rule(traj: Trajectory, cfg: RuleConfig) -> RuleBreakdown:
         replay_mismatch=mismatch,
         reasons=reasons,
     )
-
-
-class RuleReward:
-    """Callable wrapper: `RuleReward(cfg)(traj) -> RuleBreakdown`."""
-
-    def __init__(self, cfg: RuleConfig | None = None):
-        self.cfg = cfg or RuleConfig()
-
-    def __call__(self, traj: Trajectory) -> RuleBreakdown:
-        return score_rule(traj, self.cfg)

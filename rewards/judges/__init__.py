@@ -18,26 +18,20 @@ JUDGE_KINDS = ("offline", "http", "local")
 
 def make_judge(cfg: JudgeConfig | None = None, toolbox: Any | None = None) -> CachedJudge:
     cfg = cfg or JudgeConfig()
-    inner: Judge
-    if cfg.kind == "offline":
-        from rewards.judges.offline import OfflineJudge
-
-        inner = OfflineJudge(cfg.offline, toolbox=toolbox)
-    elif cfg.kind == "http":
-        from rewards.judges.http import HttpJudge
-
-        inner = HttpJudge(cfg.http, fallback_score=cfg.fallback_score)
-    elif cfg.kind == "local":
-        from rewards.judges.local_vlm import LocalVLMJudge
-
-        inner = LocalVLMJudge(cfg.local, fallback_score=cfg.fallback_score)
-    else:
+    if cfg.kind not in JUDGE_KINDS:
         raise ValueError(f"unknown judge kind {cfg.kind!r}; choose one of {', '.join(JUDGE_KINDS)}")
-    if cfg.kind != "offline":
-        from rewards.judges.offline import OfflineJudge
+    from rewards.judges.offline import OfflineJudge
+
+    inner: Judge = OfflineJudge(cfg.offline, toolbox=toolbox)
+    if cfg.kind != "offline":  # a model judge, whose alignment also runs the offline checks
+        if cfg.kind == "http":
+            from rewards.judges.http import HttpJudge as ModelJudge
+        else:
+            from rewards.judges.local_vlm import LocalVLMJudge as ModelJudge
         from rewards.judges.with_checks import ChecksAndModelJudge
 
-        inner = ChecksAndModelJudge(inner, OfflineJudge(cfg.offline, toolbox=toolbox), cfg.checks_weight, cfg.model_pass_threshold)
+        model = ModelJudge(getattr(cfg, cfg.kind), fallback_score=cfg.fallback_score)
+        inner = ChecksAndModelJudge(model, inner, cfg.checks_weight, cfg.model_pass_threshold)
     return CachedJudge(inner, cfg.fallback_score, cfg.cache_size, cfg.max_workers)
 
 

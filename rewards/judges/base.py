@@ -52,9 +52,7 @@ def clamp01(x: Any) -> float:
         v = float(x)
     except (TypeError, ValueError):
         return 0.0
-    if not math.isfinite(v):
-        return 0.0
-    return min(1.0, max(0.0, v))
+    return min(1.0, max(0.0, v)) if math.isfinite(v) else 0.0
 
 
 # -- what a judge sees ------------------------------------------------------------------------

@@ -15,19 +15,13 @@ import os
 from typing import Any
 
 import httpx
-from PIL import Image
 
-from canvasagent.core.llm_client import ChatClient, ChatEndpoint, EndpointError
-from canvasagent.core.llm_client import image_data_url as _data_url
+from canvasagent.core.llm_client import ChatClient, ChatEndpoint, EndpointError, image_data_url
 from rewards.config import HttpJudgeConfig
 from rewards.judges import prompts
 from rewards.judges.base import JudgeResult, TrajectoryView, parse_score
 
 log = logging.getLogger(__name__)
-
-
-def image_data_url(img: Image.Image, side: int) -> str:
-    return _data_url(prompts.downscale(img, side))
 
 
 class HttpJudge:
@@ -59,7 +53,8 @@ class HttpJudge:
             if kind == "text":
                 content.append({"type": "text", "text": value})
             else:
-                content.append({"type": "image_url", "image_url": {"url": image_data_url(value, self.cfg.max_image_side)}})
+                url = image_data_url(prompts.downscale(value, self.cfg.max_image_side))
+                content.append({"type": "image_url", "image_url": {"url": url}})
         return [{"role": "system", "content": prompts.system_prompt(aspect, int(prompts.SCALE))}, {"role": "user", "content": content}]
 
     def judge(self, aspect: str, view: TrajectoryView) -> JudgeResult:

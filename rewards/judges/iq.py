@@ -104,9 +104,8 @@ def blockiness(grey: np.ndarray) -> float:
     dy = np.abs(np.diff(grey, axis=0))
     if dx.shape[1] < 16 or dy.shape[0] < 16:
         return 1.0
-    cols = np.arange(dx.shape[1])
-    rows = np.arange(dy.shape[0])
-    bx, by = (cols % 8) == 7, (rows % 8) == 7
+    # Steps across the 8-pixel block boundaries (columns/rows 7|8, 15|16, ...).
+    bx, by = np.arange(dx.shape[1]) % 8 == 7, np.arange(dy.shape[0]) % 8 == 7
     edge = (dx[:, bx].mean() + dy[by, :].mean()) / 2.0
     inner = (dx[:, ~bx].mean() + dy[~by, :].mean()) / 2.0
     return float((edge + 1.0) / (inner + 1.0))

@@ -55,11 +55,8 @@ class LocalVLMJudge:
             self._processor = load_processor(self.cfg.model)
             self._model = load_policy(self.cfg.model, dtype=self.cfg.dtype).to(self.cfg.device).eval()
             tok = self._processor.tokenizer
-            ids = []
-            for d in "0123456789":
-                enc = tok.encode(d, add_special_tokens=False)
-                ids.append(enc[0] if len(enc) == 1 else -1)
-            self._digit_ids = ids if all(i >= 0 for i in ids) else None
+            encoded = [tok.encode(d, add_special_tokens=False) for d in "0123456789"]
+            self._digit_ids = [e[0] for e in encoded] if all(len(e) == 1 for e in encoded) else None
             if self._digit_ids is None and self.cfg.mode == "logits":
                 log.warning("local judge: digits are not single tokens in %s; using generate mode", self.cfg.model)
         except Exception as e:

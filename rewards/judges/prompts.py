@@ -64,17 +64,14 @@ def user_content(aspect: str, view: TrajectoryView, scale: int = 10) -> list[tup
     if aspect == "alignment":
         parts.append(("text", f"Instruction:\n{view.instruction}"))
         for i, img in enumerate(view.inputs, start=1):
-            parts.append(("text", f"Input image img_{i}:"))
-            parts.append(("image", img))
+            parts += [("text", f"Input image img_{i}:"), ("image", img)]
         if view.final is not None:
-            parts.append(("text", f"Final image ({view.final_id}):"))
-            parts.append(("image", view.final))
+            parts += [("text", f"Final image ({view.final_id}):"), ("image", view.final)]
         else:
             parts.append(("text", "The agent produced no final image."))
     elif aspect == "aesthetic":
         if view.final is not None:
-            parts.append(("text", "Image to grade:"))
-            parts.append(("image", view.final))
+            parts += [("text", "Image to grade:"), ("image", view.final)]
         else:
             parts.append(("text", "There is no image to grade."))
     else:
