@@ -128,12 +128,10 @@ def _record_id(rec: dict[str, Any]) -> str | None:
     for key in ("id", "task_id"):
         if key in rec:
             return str(rec[key])
-    task = rec.get("task")
-    if isinstance(task, dict) and "id" in task:
-        return str(task["id"])
-    extra = rec.get("extra_info")
-    if isinstance(extra, dict) and "id" in extra:
-        return str(extra["id"])
+    for key in ("task", "extra_info"):  # our trajectory.json, a CanvasCraft-RL record
+        inner = rec.get(key)
+        if isinstance(inner, dict) and "id" in inner:
+            return str(inner["id"])
     return None
 
 

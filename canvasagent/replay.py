@@ -73,29 +73,21 @@ def replay(rin: ReplayInput, toolbox: LocalToolbox, max_turns: int | None = None
     cfg = EpisodeConfig(max_turns=max_turns or max(len(rin.replies) + 1, 1))
     traj = run_episode(ReplayPolicy(rin.replies), rin.task, toolbox, cfg)
     steps = []
-    n_echo = n_pix = n_echo_cmp = n_pix_cmp = 0
     for turn in traj.turns:
         rec = rin.recorded[turn.index] if turn.index < len(rin.recorded) else None
         step: dict[str, Any] = {
-            "turn": turn.index,
-            "tool": turn.call.name if turn.call else None,
+            "turn": turn.index, "tool": turn.call.name if turn.call else None,
             "arguments": turn.call.arguments if turn.call else None,
-            "status": turn.status,
-            "error_code": turn.error_code,
-            "error": turn.error,
-            "output_id": turn.output_id,
-            "imglist": turn.imglist,
-            "observation": turn.observation,
+            **{k: getattr(turn, k) for k in ("status", "error_code", "error", "output_id", "imglist",
+                                             "observation")},
         }
         if rec is not None and rec.observation is not None and turn.observation is not None:
             step["echo_match"] = turn.observation.strip() == rec.observation.strip()
-            n_echo_cmp += 1
-            n_echo += step["echo_match"]
         if rec is not None and rec.image is not None and turn.output_id:
             step["pixels_match"] = images_equal(traj.assets.get(turn.output_id).image, rec.image)
-            n_pix_cmp += 1
-            n_pix += step["pixels_match"]
         steps.append(step)
+    echo = [s["echo_match"] for s in steps if "echo_match" in s]
+    pixels = [s["pixels_match"] for s in steps if "pixels_match" in s]
     report = {
         "task_id": rin.task.id,
         "stop_reason": traj.stop_reason,
@@ -106,8 +98,8 @@ def replay(rin: ReplayInput, toolbox: LocalToolbox, max_turns: int | None = None
             "turns": len(traj.turns),
             "ok": sum(s["status"] == "ok" for s in steps),
             "errors": sum(s["status"] in ("error", "parse_error") for s in steps),
-            "echo_matches": f"{n_echo}/{n_echo_cmp}",
-            "pixel_matches": f"{n_pix}/{n_pix_cmp}",
+            "echo_matches": f"{sum(echo)}/{len(echo)}",
+            "pixel_matches": f"{sum(pixels)}/{len(pixels)}",
         },
     }
     return traj, report

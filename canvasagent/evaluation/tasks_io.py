@@ -99,6 +99,15 @@ def _task_from_record(rec: dict[str, Any], base: Path, index: int, roots: list[P
     return Task.from_dict(d, _images(d.get("images") or d.get("image_paths"), base, roots))
 
 
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TaskLoadError(f"{where}: not JSON ({e})") from e
+    except RecursionError:
+        raise TaskLoadError(f"{where}: JSON nested too deeply") from None
+
+
 def _read_records(path: Path) -> list[dict[str, Any]]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -108,21 +117,11 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
         recs = []
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                try:
-                    recs.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise TaskLoadError(f"{path}:{n}: not JSON ({e})") from e
-                except RecursionError:
-                    raise TaskLoadError(f"{path}:{n}: JSON nested too deeply") from None
+                recs.append(_json(line, f"{path}:{n}"))
                 if not isinstance(recs[-1], dict):
                     raise TaskLoadError(f"{path}:{n}: expected a task object, got {type(recs[-1]).__name__}")
         return recs
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TaskLoadError(f"{path}: not JSON ({e})") from e
-    except RecursionError:
-        raise TaskLoadError(f"{path}: JSON nested too deeply") from None
+    data = _json(text, str(path))
     recs = data if isinstance(data, list) else data.get("tasks", [data]) if isinstance(data, dict) else None
     if not isinstance(recs, list) or not all(isinstance(r, dict) for r in recs):
         raise TaskLoadError(f"{path}: expected a task object, a list of them or {{\"tasks\": [...]}}")
@@ -150,13 +149,10 @@ def load_tasks(
     built = _canvascraft_tasks(p, split)
     if built is not None:
         return built[:limit] if limit else built
-    files: list[Path] = []
     if p.is_file():
         files = [p]
     else:
-        files = [p / name for name in SPLIT_FILES if (p / name).exists()][:1]
-        if not files:
-            files = sorted(p.glob("*/task.json"))
+        files = [p / name for name in SPLIT_FILES if (p / name).exists()][:1] or sorted(p.glob("*/task.json"))
     if not files:
         raise TaskLoadError(f"no tasks in {p}: expected one of {', '.join(SPLIT_FILES)} or */task.json")
     tasks: list[Task] = []

@@ -158,15 +158,11 @@ class RewardCurves(TrainerCallback):
             with open(self.out_dir / "metrics.jsonl", "a") as fh:
                 fh.write(json.dumps({"step": state.global_step, **logs, **extra}, default=float) + "\n")
 
-    def _draw(self, state) -> None:
+    def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             plot_curves([{**h, "step": h.get("step", 0)} for h in state.log_history], self.out_dir / "curves.png", self.title)
 
-    def on_save(self, args, state, control, **kwargs):
-        self._draw(state)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self._draw(state)
+    on_train_end = on_save
 
 
 class TrajectoryDumper:

@@ -36,10 +36,6 @@ def output_dir(cfg: TrainConfig) -> Path:
     return p
 
 
-def tiny_model_dir(cfg: TrainConfig) -> Path:
-    return output_dir(cfg) / "tiny_base"
-
-
 def _tiny_model_matches(out: Path, cfg: TrainConfig) -> bool:
     """Whether ``out`` holds the tiny model of this config's seed and size (a changed size rebuilds)."""
     from canvasagent.core.models.tiny import tiny_spec
@@ -56,7 +52,7 @@ def resolve_model_path(cfg: TrainConfig, build: bool = True) -> str:
     """Where the starting weights are: init_from (GRPO after SFT), a hub id/dir, or the tiny model."""
     ref = cfg.run.init_from if cfg.kind == "grpo" and cfg.run.init_from else cfg.model.name_or_path
     if ref == TINY:
-        out = tiny_model_dir(cfg)
+        out = output_dir(cfg) / "tiny_base"
         if build and not _tiny_model_matches(out, cfg):
             from canvasagent.core.models.tiny import build_tiny_qwen3vl, tiny_spec
 

@@ -8,7 +8,7 @@ a mirror of TRL's.
 from __future__ import annotations
 
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -202,9 +202,6 @@ class TrainConfig:
             return None
         p = Path(path)
         return p if p.is_absolute() or p.exists() else REPO_ROOT / p
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -78,7 +78,4 @@ def dry_run(cfg: TrainConfig) -> dict[str, Any]:
             report["model"]["system_prompt_chars"] = len(system_text(proc, ws.tool_fns, cfg.tools.family))
         except OSError as e:
             report["model"] = {"ref": ref, "skipped": f"not available offline ({type(e).__name__})"}
-    report["warnings"] = warnings
-    report["problems"] = problems
-    report["ok"] = not problems
-    return report
+    return {**report, "warnings": warnings, "problems": problems, "ok": not problems}

@@ -83,16 +83,12 @@ def easel_task(spec: dict[str, Any]) -> Any:
     return _easel_task(json.dumps(spec, sort_keys=True))
 
 
-def budget_of(spec: dict[str, Any], task: Any) -> int:
-    return int(spec.get("budget") or task.budget)
-
-
 def agent_task_of(spec: dict[str, Any]):
     """The episode's `canvasagent.core.tasks.Task`, as the bench's agent runner builds it."""
     from canvasagent.easel import agent
 
     task = easel_task(spec)
-    budget = budget_of(spec, task)
+    budget = int(spec.get("budget") or task.budget)
     tid = agent.task_id_of(task, int(spec.get("seed", 0)))
     t = agent.agent_task(task, budget, tid)
     t.meta["easel"] = {**t.meta["easel"], **spec, "budget": budget}

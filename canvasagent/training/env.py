@@ -53,16 +53,11 @@ def _tool_method(spec: ToolSpec) -> Callable:
     def method(self, **kwargs):
         return self._call(name, kwargs)
 
-    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    for a in spec.args:
-        params.append(
-            inspect.Parameter(
-                a.name,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=inspect.Parameter.empty if a.required else None,
-                annotation=_hint(a),
-            )
-        )
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)] + [
+        inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,
+                          default=inspect.Parameter.empty if a.required else None, annotation=_hint(a))
+        for a in spec.args
+    ]
     # The signature/annotations are what TRL (transformers.get_json_schema) reads; the body takes
     # **kwargs so unexpected or missing arguments reach the validator and the rule reward instead
     # of failing as a Python TypeError.
@@ -74,9 +69,7 @@ def _tool_method(spec: ToolSpec) -> Callable:
 
 
 def tool_specs(names: list[str] | tuple[str, ...] | None, family: str = "canvasagent") -> list[ToolSpec]:
-    if not names:
-        return list(tools(family))
-    return [get_tool(n) for n in names]
+    return [get_tool(n) for n in names] if names else list(tools(family))
 
 
 def tool_functions(names: list[str] | tuple[str, ...] | None, family: str = "canvasagent") -> list[Callable]:

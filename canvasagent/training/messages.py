@@ -194,12 +194,7 @@ def reply_text(message: Message) -> str:
 
 def policy_messages(episode_messages: list[Message], system: str) -> list[Message]:
     """Episode messages (raw assistant text) in the training layout, for generating with a model."""
-    out: list[Message] = [{"role": "system", "content": _text(system)}]
-    for m in episode_messages:
-        if m["role"] == "system":
-            continue
-        out.append(m)
-    return out
+    return [{"role": "system", "content": _text(system)}, *(m for m in episode_messages if m["role"] != "system")]
 
 
 class LayoutPolicy:

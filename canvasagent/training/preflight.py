@@ -52,10 +52,7 @@ def require_ready(cfg: TrainConfig) -> None:
 
 def preflight(cfg: TrainConfig, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
     """Everything that would stop `cfg` from starting, as readable lines (empty: it can start)."""
-    problems: list[str] = []
-    problems += _files(cfg)
-    problems += _packages(cfg)
-    problems += _endpoints(cfg, timeout_s)
+    problems = [*_files(cfg), *_packages(cfg), *_endpoints(cfg, timeout_s)]
     log.debug("preflight: %d problem(s)", len(problems))
     return problems
 

@@ -143,31 +143,20 @@ class TRLRewards:
         log.warning("GRPO step %d: dropped %d fallback rollouts from the advantage", step, len(bad))
 
     def functions(self) -> list[Callable]:
-        fns = []
-        for name in self.names:
-
-            def fn(completions, environments, trainer_state=None, _name=name, **kwargs):
-                return [s[_name] for s in self._scores(completions, environments, trainer_state)]
+        def reward(name: str, value: Callable[[dict, Any, CanvasEnv], float | None]) -> Callable:
+            def fn(completions, environments, trainer_state=None, **kwargs):
+                scores = self._scores(completions, environments, trainer_state)
+                return [value(s, c, e) for s, c, e in zip(scores, completions, environments)]
 
             fn.__name__ = name  # TRL logs rewards/<__name__>/mean
-            fns.append(fn)
-        for name in self.LOGGED:
+            return fn
 
-            def logged(completions, environments, trainer_state=None, _name=name, **kwargs):
-                return [s.get(_name, 0.0) for s in self._scores(completions, environments, trainer_state)]
-
-            logged.__name__ = name
-            fns.append(logged)
-        for source in self.sources:
-            for name in self.PER_SOURCE:
-
-                def per_source(completions, environments, trainer_state=None, _source=source, _name=name, **kwargs):
-                    scores = self._scores(completions, environments, trainer_state)
-                    return [s[_name] if task_source(trajectory_of(e, c).task) == _source else None
-                            for s, c, e in zip(scores, completions, environments)]
-
-                per_source.__name__ = f"{name}/{source}"
-                fns.append(per_source)
+        fns = [reward(n, lambda s, c, e, n=n: s[n]) for n in self.names]
+        fns += [reward(n, lambda s, c, e, n=n: s.get(n, 0.0)) for n in self.LOGGED]
+        # Per source: None for the other sources' rollouts (TRL's NaN, left out of the mean).
+        fns += [reward(f"{n}/{src}", lambda s, c, e, n=n, src=src:
+                       s[n] if task_source(trajectory_of(e, c).task) == src else None)
+                for src in self.sources for n in self.PER_SOURCE]
         return fns
 
     def weights(self) -> list[float]:

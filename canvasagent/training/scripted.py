@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import random
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from PIL import Image
 
@@ -124,15 +124,11 @@ def make_tasks(n: int, seed: int = 0, max_steps: int = 2, image_size: int = 64) 
     return [make_task(rng, i, max_steps, image_size) for i in range(n)]
 
 
-def run_reference(
-    task: Task, replies: list[str], toolbox: Any, max_turns: int = 12, on_done: Callable[[Trajectory], None] | None = None
-) -> Trajectory:
+def run_reference(task: Task, replies: list[str], toolbox: Any) -> Trajectory:
     """Execute the reference replies through the real episode runner."""
-    traj = run_episode(ReplayPolicy(replies, name="scripted-reference"), task, toolbox, EpisodeConfig(max_turns=max_turns))
+    traj = run_episode(ReplayPolicy(replies, name="scripted-reference"), task, toolbox, EpisodeConfig(max_turns=12))
     if traj.stop_reason != "terminate" or any(t.status not in ("ok", "terminate") for t in traj.turns):
         raise RuntimeError(f"reference solution of {task.id} did not run cleanly: {[t.error for t in traj.turns]}")
-    if on_done:
-        on_done(traj)
     return traj
 
 

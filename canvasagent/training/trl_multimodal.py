@@ -261,13 +261,8 @@ class _TurnPrefetch:
         return {n: f for n, f in self.tool_dicts[i].items() if env is not None and getattr(f, "__self__", None) is env}
 
     def dicts(self) -> list[dict[str, Callable]]:
-        out = []
-        for i, tools in enumerate(self.tool_dicts):
-            wrapped = dict(tools)
-            for name, fn in self._env_tools(i).items():
-                wrapped[name] = self._proxy(i, name, fn)
-            out.append(wrapped)
-        return out
+        return [{**tools, **{name: self._proxy(i, name, fn) for name, fn in self._env_tools(i).items()}}
+                for i, tools in enumerate(self.tool_dicts)]
 
     def _proxy(self, i: int, name: str, fn: Callable) -> Callable:
         def call(**arguments: Any) -> Any:

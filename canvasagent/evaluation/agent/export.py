@@ -32,16 +32,20 @@ EA_SYSTEM = (
 )
 
 
-def _plan_json(result: AgentResult) -> str:
+def _plan_block(result: AgentResult) -> str:
     p = result.plan
-    return json.dumps({"target": p.target, "property": p.property, "conditions": p.conditions, "axis": p.axis,
+    plan = json.dumps({"target": p.target, "property": p.property, "conditions": p.conditions, "axis": p.axis,
                        "asked": p.asked, "strata": p.strata}, ensure_ascii=False)
+    return f"<think>{p.thought}</think><plan>{plan}</plan>"
 
 
-def _history(result: AgentResult, rounds: list[Round], with_plan: bool) -> str:
-    blocks = [f"<think>{result.plan.thought}</think><plan>{_plan_json(result)}</plan>"] if with_plan else []
-    blocks += [f"<think>{r.thought}</think><tool>{json.dumps(r.action, ensure_ascii=False)}</tool>\n<information>{r.observation}</information>" for r in rounds]
-    return "\n".join(blocks)
+def _round_block(r: Round) -> str:
+    return f"<think>{r.thought}</think><tool>{json.dumps(r.action, ensure_ascii=False)}</tool>"
+
+
+def _history(result: AgentResult, rounds: list[Round]) -> str:
+    measured = (f"{_round_block(r)}\n<information>{r.observation}</information>" for r in rounds)
+    return "\n".join([_plan_block(result), *measured])
 
 
 def _record(result: AgentResult, history: str, n: int, answer: str, meta: dict[str, Any]) -> dict[str, Any]:
@@ -58,13 +62,12 @@ def _record(result: AgentResult, history: str, n: int, answer: str, meta: dict[s
 
 
 def ea_cot_records(result: AgentResult) -> list[dict[str, Any]]:
-    out = [_record(result, "", 0, f"<think>{result.plan.thought}</think><plan>{_plan_json(result)}</plan>",
-                   {"kind": "plan", "step": 0, "source": result.plan.source})]
+    out = [_record(result, "", 0, _plan_block(result), {"kind": "plan", "step": 0, "source": result.plan.source})]
     for i, r in enumerate(result.rounds):
-        answer = f"<think>{r.thought}</think><tool>{json.dumps(r.action, ensure_ascii=False)}</tool>"
-        out.append(_record(result, _history(result, result.rounds[:i], True), i + 1, answer, {"kind": "probe", "step": i + 1, "source": r.source}))
+        out.append(_record(result, _history(result, result.rounds[:i]), i + 1, _round_block(r),
+                           {"kind": "probe", "step": i + 1, "source": r.source}))
     verdict = f"Answer: {result.answer}" + (f"; boundary: {result.boundary}" if result.boundary else "")
     answer = f"<think>{result.stop}</think><summary>{verdict}\n{result.summary}</summary>"
-    out.append(_record(result, _history(result, result.rounds, True), len(result.rounds) + 1, answer,
+    out.append(_record(result, _history(result, result.rounds), len(result.rounds) + 1, answer,
                        {"kind": "summary", "step": len(result.rounds) + 1, "source": result.planner, "answer": result.answer}))
     return out

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from canvasagent.core.trajectory import write_json_atomic
 from canvasagent.evaluation.agent.export import ea_cot_records
 from canvasagent.evaluation.agent.planner import (
     LLMPlanner,
@@ -180,17 +181,16 @@ class EvaluationAgent:
                 saved_out = f"probes/{pid}/output.png"
             if case.expected is not None:
                 case.expected.save(d / "expected.png")
-        truth = {k: v for k, v in case.truth.items()}
-        return Evidence(pid, {k: v for k, v in cond.items()}, value, truth, metrics, bool(passed), saved_out, inputs, out.error), fatal
+        return Evidence(pid, dict(cond), value, dict(case.truth), metrics, bool(passed), saved_out, inputs, out.error), fatal
 
     # -- outputs -------------------------------------------------------------------------------------
     def _save_rounds(self, question: str, plan: Plan, rounds: list[Round]) -> None:
         if self.out is None:
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.out / "rounds.json.tmp"
-        tmp.write_text(json.dumps({"question": question, "target": self.target.spec, "plan": plan.to_dict(), "rounds": [r.to_dict() for r in rounds]}, indent=2, default=str))
-        tmp.replace(self.out / "rounds.json")
+        record = {"question": question, "target": self.target.spec, "plan": plan.to_dict(),
+                  "rounds": [r.to_dict() for r in rounds]}
+        write_json_atomic(self.out / "rounds.json", record)
 
     def _finish(self, question: str, plan: Plan, rounds: list[Round], answer: str, boundary: str | None, stop: str,
                 table: list[dict[str, Any]], details: dict[str, Any] | None = None) -> AgentResult:

@@ -150,8 +150,6 @@ def axis_decision(axis: Axis, asked: list[float] | None, evidence: list[Evidence
         v0 = max(by, key=key)
         v = axis.clip(v0 * f if sign > 0 else v0 / f)
     if v in by:
-        v = None
-    if v is None:
         return Decision(answer, boundary, [], True, "the answer is settled; the axis has no untested value beyond the asked range", table)
     return Decision(answer, boundary, [{"value": v}], False, f"the answer is settled; probe {_fmt(v)}{unit} to bracket the boundary", table)
 

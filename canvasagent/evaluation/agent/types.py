@@ -82,17 +82,6 @@ class AgentResult:
         return [e for r in self.rounds for e in r.evidence]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "question": self.question,
-            "target": self.target,
-            "answer": self.answer,
-            "boundary": self.boundary,
-            "summary": self.summary,
-            "stop": self.stop,
-            "planner": self.planner,
-            "probes_used": self.probes_used,
-            "plan": self.plan.to_dict(),
-            "details": self.details,
-            "evidence": [asdict(e) for e in self.evidence],
-            "rounds": [r.to_dict() for r in self.rounds],
-        }
+        head = ("question", "target", "answer", "boundary", "summary", "stop", "planner", "probes_used")
+        return {**{k: getattr(self, k) for k in head}, "plan": self.plan.to_dict(), "details": self.details,
+                "evidence": [asdict(e) for e in self.evidence], "rounds": [r.to_dict() for r in self.rounds]}

@@ -64,7 +64,7 @@ def mentioned_tools(question: str) -> list[str]:
     return [t for t in tool_names() if re.search(r"(?<![a-z])" + t.lower() + r"(?![a-z])", q)]
 
 
-def property_for(question: str, kind: str, tool: str | None) -> tuple[str | None, str | None]:
+def property_for(question: str, tool: str | None) -> tuple[str | None, str | None]:
     """`(property, reason_if_none)`."""
     q = question.lower()
     if tool is not None:
@@ -74,11 +74,7 @@ def property_for(question: str, kind: str, tool: str | None) -> tuple[str | None
         prop = TOOL_PROPERTY.get(tool)
         if prop is None:
             return None, f"no probe generator measures {tool} (known: {', '.join(sorted(TOOL_PROPERTY))})"
-        if prop == "rotation" and _has(q, CONTENT_WORDS):
-            prop = "rotation_content"
-        return prop, None
-    named = [TOOL_PROPERTY[t] for t in mentioned_tools(question) if t in TOOL_PROPERTY]
-    if named:
+    elif named := [TOOL_PROPERTY[t] for t in mentioned_tools(question) if t in TOOL_PROPERTY]:
         prop = named[0]
     else:
         scores = {p: sum(_has(q, (w,)) for w in ws) for p, ws in PROPERTY_WORDS.items()}
@@ -91,17 +87,13 @@ def property_for(question: str, kind: str, tool: str | None) -> tuple[str | None
     return prop, None
 
 
-def _colour(name: str) -> tuple[int, int, int] | None:
-    return COLOURS.get(name)
-
-
 def parse_question(question: str, target: str, cfg: dict[str, Any]) -> Plan:
     """The offline planner's reading of a question (see the module docstring)."""
     if not isinstance(question, str) or not question.strip():
         raise ValueError("the question is empty")
     q = " ".join(question.lower().split())
     kind, tool = target_kind(target)
-    prop, why = property_for(q, kind, tool)
+    prop, why = property_for(q, tool)
     plan = Plan(target=target, target_kind=kind, tool=tool, property=prop)
     if prop is None:
         plan.unsupported = why
@@ -124,12 +116,12 @@ def parse_question(question: str, target: str, cfg: dict[str, Any]) -> Plan:
     rotation = float(deg.group(1)) if deg else next((float(v) for k, v in rot_terms.items() if _has(q, (k,))), None)
     fg = bg = None
     m = _TEXT_ON.search(q)
-    if m and _colour(m.group(1)) and _colour(m.group(2)):
-        fg, bg = _colour(m.group(1)), _colour(m.group(2))
+    if m and COLOURS.get(m.group(1)) and COLOURS.get(m.group(2)):
+        fg, bg = COLOURS[m.group(1)], COLOURS[m.group(2)]
     else:
         m = _ON_BG.search(q)
-        if m and _colour(m.group(1)):
-            bg = _colour(m.group(1))
+        if m and COLOURS.get(m.group(1)):
+            bg = COLOURS[m.group(1)]
     dark_many = bool(re.search(r"\bdark(?:[\s-]+coloured|[\s-]+colored)?\s+backgrounds\b", q))
     direction = None
     if _has(q, ("counter-clockwise", "counterclockwise", "anticlockwise", "anti-clockwise")):
