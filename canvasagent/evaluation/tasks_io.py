@@ -21,6 +21,7 @@ from typing import Any, Iterable
 
 from canvascraft.build import MANIFEST, read_tasks
 
+from canvasagent.core.formats.sharegpt import loads_or_raise
 from canvasagent.core.imageio import ImageLoadError, open_image, resolve_path
 from canvasagent.core.tasks import Task
 from canvasagent.core.trajectory import safe_file_name, save_image
@@ -99,15 +100,6 @@ def _task_from_record(rec: dict[str, Any], base: Path, index: int, roots: list[P
     return Task.from_dict(d, _images(d.get("images") or d.get("image_paths"), base, roots))
 
 
-def _json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise TaskLoadError(f"{where}: not JSON ({e})") from e
-    except RecursionError:
-        raise TaskLoadError(f"{where}: JSON nested too deeply") from None
-
-
 def _read_records(path: Path) -> list[dict[str, Any]]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -117,11 +109,11 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
         recs = []
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                recs.append(_json(line, f"{path}:{n}"))
+                recs.append(loads_or_raise(line, f"{path}:{n}", TaskLoadError))
                 if not isinstance(recs[-1], dict):
                     raise TaskLoadError(f"{path}:{n}: expected a task object, got {type(recs[-1]).__name__}")
         return recs
-    data = _json(text, str(path))
+    data = loads_or_raise(text, str(path), TaskLoadError)
     recs = data if isinstance(data, list) else data.get("tasks", [data]) if isinstance(data, dict) else None
     if not isinstance(recs, list) or not all(isinstance(r, dict) for r in recs):
         raise TaskLoadError(f"{path}: expected a task object, a list of them or {{\"tasks\": [...]}}")

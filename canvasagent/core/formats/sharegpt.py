@@ -162,13 +162,14 @@ def read_record(
     return PublicTrajectory(task, system, replies, tool_turns)
 
 
-def _loads(text: str, where: str) -> Any:
+def loads_or_raise(text: str, where: str, error: type[Exception] = FormatError) -> Any:
+    """`json.loads(text)`; bad or too deeply nested JSON raises `error` naming `where`."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise FormatError(f"{where}: {e}") from None
+        raise error(f"{where}: not JSON ({e})") from None
     except RecursionError:
-        raise FormatError(f"{where}: JSON nested too deeply") from None
+        raise error(f"{where}: JSON nested too deeply") from None
 
 
 def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
@@ -181,9 +182,9 @@ def iter_records(path: str | Path) -> Iterator[dict[str, Any]]:
     if p.suffix == ".jsonl":
         for line_no, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                yield _loads(line, f"{p}:{line_no}")
+                yield loads_or_raise(line, f"{p}:{line_no}")
         return
-    data = _loads(text, str(p))
+    data = loads_or_raise(text, str(p))
     if isinstance(data, dict):
         yield data
     elif isinstance(data, list):
