@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 from canvasagent.core.plotting import figure
-from canvasagent.evaluation.metrics import task_score
+from canvasagent.evaluation.metrics import paired_difference
 
 MODES = {"greedy": "per_task", "sampled": "per_task_sampled"}
 KEYS = ("hybrid", "success")
@@ -31,12 +30,6 @@ def _per_task(run: Path, seed: int, stage: str, mode: str) -> list[dict]:
     return json.loads((run / f"seed_{seed}" / stage / "done.json").read_text())[MODES[mode]]
 
 
-def _mean_se(d: list[float]) -> tuple[float, float]:
-    m = sum(d) / len(d)
-    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else 0.0
-    return m, sd / math.sqrt(len(d)) if len(d) > 1 else 0.0
-
-
 def paired_points(runs: dict[int, Path], seeds: list[int]) -> dict[str, dict[str, list[tuple[int, float, float]]]]:
     """{mode: {key: [(steps, mean, se), ...]}}: GRPO minus SFT pooled over the seeds, step 0 first."""
     first = runs[min(runs)]
@@ -44,15 +37,15 @@ def paired_points(runs: dict[int, Path], seeds: list[int]) -> dict[str, dict[str
     for mode in MODES:
         sft = {s: _per_task(first, s, "eval_sft", mode) for s in seeds}
         for steps, run in sorted(runs.items()):
-            diffs: dict[str, list[float]] = {k: [] for k in KEYS}
+            before, after = [], []
             for s in seeds:
                 grpo = _per_task(run, s, "eval_grpo", mode)
                 if len(grpo) != len(sft[s]):
                     raise SystemExit(f"{run}: seed {s} has {len(grpo)} held-out tasks, {first} has {len(sft[s])}")
-                for k in KEYS:
-                    diffs[k] += [task_score(a, k) - task_score(b, k) for b, a in zip(sft[s], grpo)]
+                before, after = before + sft[s], after + grpo
             for k in KEYS:
-                out[mode][k].append((steps, *_mean_se(diffs[k])))
+                d = paired_difference(before, after, k)
+                out[mode][k].append((steps, d["mean_diff"], d["se"]))
     return out
 
 
