@@ -91,7 +91,9 @@ class LocalToolbox:
         t0 = time.perf_counter()
         if self.validate:
             checked, refusal = check_request(request, self.limits, self.max_output_pixels)
-            request = checked or request
+            if refusal is None:
+                assert checked is not None  # a validated toolbox never runs the unchecked request
+                request = checked
         else:
             refusal = predicted_output_refusal(request, self.max_output_pixels)
         if refusal is not None:
