@@ -18,9 +18,8 @@ from toolserver.serve_config import ServeConfig, ServeConfigError, check_bind, c
 
 def local_ray_options(cfg: ServeConfig, address: str | None) -> dict:
     """`ray.init` options for `serve`: for a private local Ray (no `address`), no dashboard, and
-    under `placement: slots` the per-GPU resources with no Ray GPUs. Joining an existing
-    cluster (`ray start`, which lets the server outlive this process with --detach) leaves both
-    to that cluster."""
+    under `placement: slots` the per-GPU resources with no Ray GPUs. An existing cluster
+    (`ray start`, which --detach needs) keeps its own settings."""
     if address is not None:
         return {}
     opts: dict = {"include_dashboard": False}
@@ -32,11 +31,9 @@ def local_ray_options(cfg: ServeConfig, address: str | None) -> dict:
 
 
 def ray_exposure_warning(address: str | None, env: Mapping[str, str]) -> str | None:
-    """What to tell the operator of a private local Ray whose own ports are unauthenticated.
-
-    Ray 2.60's GCS, raylet and agents listen on every interface whatever `ray.init` is told
-    (measured: `_node_ip_address="127.0.0.1"` changes nothing), and its token auth is what
-    guards them; `RAY_AUTH_MODE=disabled` turns that off."""
+    """A warning for a private local Ray with `RAY_AUTH_MODE=disabled`, else None: Ray 2.60's GCS,
+    raylet and agents listen on every interface whatever `ray.init` is told (`_node_ip_address`
+    included), and its token auth is what guards them."""
     if address is None and env.get("RAY_AUTH_MODE", "").strip().lower() == "disabled":
         return (
             "RAY_AUTH_MODE=disabled: this private Ray's GCS and raylet ports listen on all interfaces without "

@@ -1,10 +1,7 @@
-"""The toolbox a tools config asks for: in-process, or the same `Toolbox` interface over a Ray
-Serve handle or over HTTP.
-
-`make_toolbox(cfg)` returns a `LocalToolbox` for `client: local` and `make_remote_toolbox(cfg)`
-for `client: ray | http`. Both remote clients retry when a replica dies or the server is briefly
-unreachable, and turn every other problem into a failed `ToolResult`: a rollout sees an error
-observation, never an exception.
+"""The toolbox a tools config asks for (`make_toolbox`): in-process, or the same `Toolbox`
+interface over a Ray Serve handle or HTTP. The remote clients retry when a replica dies or the
+server is briefly unreachable, and turn every other problem into a failed `ToolResult`, never
+an exception.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ class RetryPolicy:
 
     - `attempts`: tries in all while no replica took the call (none up, the server unreachable);
     - `died_attempts`: tries in all while the replica died *during* the call. The input may be
-      what killed it (out of memory), and every resend costs a replica restart, so the default
-      resends once: enough for a replica lost to a crash or a redeploy;
+      what killed it and each resend costs a replica restart, so the default resends once;
     - a replica Ray reports as killed for memory is never resent (`replica_out_of_memory`).
     """
 
@@ -141,9 +137,8 @@ class RayToolbox:
         from toolserver.serve_app import RETRYABLE
         from toolserver.wire import ShmPool, keep_pillow_blocks, shm_available
 
-        # Each result image is fresh Pillow memory in this process; reusing freed blocks saves
-        # the page faults (at 1024^2 unpacking a result took 1.6 ms without, 0.4 ms with).
-        # PILLOW_BLOCKS_MAX in the environment overrides this, e.g. 0 for Pillow's default.
+        # Each result image is fresh Pillow memory here; reusing freed blocks saves the page
+        # faults (1.6 vs 0.4 ms to unpack a 1024^2 result). PILLOW_BLOCKS_MAX overrides it.
         keep_pillow_blocks()
         self.profile = profile
         self.retry = retry or RetryPolicy()
@@ -227,9 +222,8 @@ class HttpToolbox:
     """Calls the ingress over HTTP: raw-pixel frames when the server lists that format (and
     `raw` is on), otherwise the public JSON format with base64 PNG images."""
 
-    # 504 is a tool timeout: rerunning it would double the wait. 4xx are the request's own fault.
-    # A 500 is resent only when it is not the ingress's own structured error (a proxy's page
-    # while the ingress restarts); see _post.
+    # Not 504 (a tool timeout: resending doubles the wait) nor 4xx (the request's fault); a 500
+    # only when it is not the ingress's structured error (a proxy's page while it restarts).
     RETRY_STATUS = frozenset({500, 502, 503})
     MANIFEST_RETRY_S = 10.0
 

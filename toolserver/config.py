@@ -1,8 +1,7 @@
 """YAML configs loaded into dataclasses, and the tools config (`ToolsConfig`).
 
-`find_config(name, kind)` resolves `configs/<kind>/<name>.yaml` under the repository; `from_dict`
-builds a nested dataclass from a mapping and refuses unknown keys. Every package's config
-loader uses these two. The toolbox a `ToolsConfig` asks for is `toolserver.client.make_toolbox`.
+Every package's config loader uses `find_config` and `from_dict`. The toolbox a `ToolsConfig`
+asks for is `toolserver.client.make_toolbox`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Locate DejaVuSans, the text-overlay font of the public tools.
-
-matplotlib ships DejaVuSans.ttf inside its wheel, so the font is available on any machine
-where the project installs, with or without the Debian fonts package.
-"""
+"""Locate DejaVuSans, the text-overlay font of the public tools: a system copy, else the one
+matplotlib ships in its wheel, so the font exists wherever the project installs."""
 
 from __future__ import annotations
 

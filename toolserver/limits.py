@@ -1,11 +1,9 @@
 """Input limits a tool server enforces before any work, and the request check that applies them.
 
 `Limits` is the `limits:` block of a serving config (`configs/serve/*.yaml`); its defaults are
-what an in-process `LocalToolbox` uses. `check_request` is what a served call goes through
-before a tool runs: the caller's arguments are validated with `toolserver.validation` exactly
-as the episode runner validates them in-process (so Rotate by 7 degrees or a ±1e9 bbox is
-refused over HTTP and Ray too), text arguments are bounded, and each input image's pixel cost
-is checked. Every refusal is a failed `ToolResult` with a stable error code, never an exception.
+what an in-process `LocalToolbox` uses. `check_request` validates a served call exactly as the
+episode runner does in-process, bounds text arguments and checks each input image's pixel
+cost. Every refusal is a failed `ToolResult` with a stable error code, never an exception.
 """
 
 from __future__ import annotations
@@ -20,24 +18,21 @@ from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
 from toolserver.validation import DEFAULT_MAX_TEXT_CHARS, Profile, validate_call
 
-# Decoding and holding an image costs per row as well as per pixel: row pointers, PNG filter
-# bytes and per-line calls. A 1 x 40M image is "40M pixels" but cost 1.3 GB and 11 s to decode,
-# so each row is counted as this many extra pixels.
+# An image costs per row as well as per pixel (row pointers, PNG filter bytes, per-line calls):
+# a 1 x 40M image took 1.3 GB and 11 s to decode. Each row counts as this many extra pixels.
 DEFAULT_ROW_OVERHEAD_PIXELS = 64
 DEFAULT_MAX_JSON_DEPTH = 32
 
 
 @dataclass
 class Limits:
-    """Limits checked before any work (see docs/serving.md, "Limits").
+    """Limits checked before any work (docs/serving.md, "Limits"); the pixel and byte limits
+    themselves are the serving config's `max_pixels` and `http.max_request_bytes`.
 
     - `max_text_chars`: longest text argument (prompt, Overlayer text, grounding phrase);
     - `max_json_depth`: deepest nesting of a request's JSON document (HTTP);
     - `row_overhead_pixels`: what each image row costs on top of its pixels when an input image
       is measured against the pixel limit (`pixel_cost`).
-
-    The pixel and byte limits themselves are `max_pixels` and `http.max_request_bytes` of the
-    serving config.
     """
 
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
@@ -56,8 +51,7 @@ class Limits:
 
 
 def pixel_cost(width: int, height: int, row_overhead_pixels: int = DEFAULT_ROW_OVERHEAD_PIXELS) -> int:
-    """What an image of `width` x `height` counts against a pixel limit: its pixels plus a fixed
-    cost per row."""
+    """What a `width` x `height` image counts against a pixel limit: pixels plus a cost per row."""
     return (width + row_overhead_pixels) * height
 
 

@@ -1,9 +1,7 @@
-"""The one place a tool is declared.
-
-Everything that needs to know about tools reads this module: the OpenAI-style schemas, the
-system prompt's tool section, the validator (and through it the rule reward), the TRL
-environment methods and the Ray Serve deployments. Adding a tool means adding a `ToolSpec`
-here and an implementation in `toolserver.tools` or a backend; nothing else keeps a list.
+"""The one place a tool is declared: the OpenAI-style schemas, the system prompt's tool section,
+the validator (and the rule reward), the TRL environment methods and the Ray Serve deployments
+all read this module. Adding a tool means a `ToolSpec` here and an implementation in
+`toolserver.tools` or a backend; nothing else keeps a list.
 
 Argument and output names follow the public CanvasAgent code so its trajectories replay.
 """
@@ -322,9 +320,8 @@ _CANVASAGENT_TOOLS: tuple[ToolSpec, ...] = (
 _EASEL_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "brush_stroke",
-        # The path's units are the system prompt's to state (fractions in [0, 1], or EASEL-Data's
-        # integers 0-1000 with coords: int1000, rescaled before the [0, 1] check below), so this text
-        # holds for both and never contradicts the prompt.
+        # The path's units are the system prompt's to state ([0, 1], or EASEL-Data's 0-1000 with
+        # coords: int1000, rescaled before the [0, 1] check), so this text holds for both.
         "Paints one quadratic Bezier brush stroke on the canvas: start (xs, ys), control (xc, yc) and end "
         "(xe, ye), in the coordinate convention the system prompt states (0,0 = top-left); radius and opacity "
         "at the start (rs, os) and end (re, oe), linearly interpolated along the stroke; and one RGB colour "

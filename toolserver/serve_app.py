@@ -1,10 +1,8 @@
 """The Ray Serve application: one deployment per served tool, plus an HTTP ingress.
 
-Inside Ray, requests and results travel as `toolserver.wire` objects: raw pixels in the
-caller's /dev/shm slots on one host, numpy arrays across hosts. PNG and base64 (or raw-pixel
-frames, when the HTTP client asks for them) exist only in the ingress, for HTTP callers. Every
-replica executes through a `LocalToolbox`, so errors, output limits and plumbing-only warnings
-behave exactly as they do in-process.
+Inside Ray, requests and results travel as `toolserver.wire` objects; PNG, base64 and raw-pixel
+frames exist only in the ingress, for HTTP callers. Every replica executes through a
+`LocalToolbox`, so errors, output limits and plumbing-only warnings behave as in-process.
 """
 
 import asyncio
@@ -83,14 +81,10 @@ def token_digest(token: str | None) -> str | None:
     return hashlib.sha256(token.encode()).hexdigest() if token else None
 
 
-# ---------------------------------------------------------------------- tool replicas
 @serve.deployment
 class ToolDeployment:
-    """One model tool, or one or more pure tools.
-
-    The model backend is built in the constructor, so a bad backend name or params fails the
-    deploy itself (backends may still load weights lazily on the first call).
-    """
+    """One model tool, or one or more pure tools. The model backend is built in the constructor,
+    so a bad backend name or params fails the deploy itself (weights may still load lazily)."""
 
     def __init__(
         self,
@@ -129,9 +123,8 @@ class ToolDeployment:
         )
         self.checked_box = LocalToolbox(backends=self.box.backends, max_output_pixels=max_pixels)  # for requests already checked
         self.batched = max_batch_size > 1 and callable(getattr(fn, "batch_call", None))
-        # Model code is rarely thread-safe: one thread, or one per batch the config lets run at
-        # once (unbatched calls of a model tool stay one at a time whatever the setting).
-        # Pure tools are thread-safe (each call has its own images) and Pillow releases the GIL.
+        # Model code is rarely thread-safe: one thread, or one per concurrent batch (unbatched
+        # model calls stay one at a time). Pure tools are thread-safe and Pillow releases the GIL.
         workers = PURE_THREADS if fn is None else max_concurrent_batches if self.batched else 1
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"tool-{self.tool}")
         if self.batched:
@@ -198,7 +191,6 @@ class ToolDeployment:
             box.close()
 
 
-# ---------------------------------------------------------------------- HTTP ingress
 # No /docs, /redoc or /openapi.json: they would be served without the bearer token, and the
 # tool schemas are already at GET /v1/tools, behind it.
 api = FastAPI(title="CanvasAgent toolserver", docs_url=None, redoc_url=None, openapi_url=None)
@@ -319,7 +311,6 @@ class Ingress:
             return await self.run(tool, req)
         return result
 
-    # -- HTTP
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:
         return {"status": "ok", "app": self.cfg.app_name, "tools": {k: v["mode"] for k, v in self.cfg.manifest().items()}}
@@ -376,7 +367,6 @@ class Ingress:
         return JSONResponse(out)
 
 
-# ---------------------------------------------------------------------- building and starting
 def build_app(cfg: ServeConfig, token: str | None = None):
     """The Serve application for `cfg`; refuses a public bind without a token."""
     check_bind(cfg.http, token)

@@ -1,9 +1,8 @@
 """Serving config (`configs/serve/*.yaml`) and the placement check behind `serve --dry-run`.
 
-The set of deployments is derived from the tool registry: every model-backed tool gets a
-deployment when the config gives it a backend, and every pure tool runs either as a light
-CPU deployment or in the caller. The config only tunes what the registry declares; naming a
-tool the registry does not know is an error, so no second tool list can drift.
+The deployments follow the tool registry: a model tool gets one when the config gives it a
+backend, and a pure tool runs as a light CPU deployment or in the caller. The config only tunes
+what the registry declares; naming a tool it does not know is an error.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ PURE_MODES = ("deployment", "shared", "caller")
 #   nodes: one Ray node per tool GPU, each declaring <prefix>g; replicas keep num_gpus.
 PLACEMENTS = ("ray", "slots", "nodes")
 DEFAULT_PIN_PREFIX = "toolgpu"
-# Shortest bearer token accepted: 16 characters of `secrets.token_urlsafe` are 96 bits. A short
-# token is a guessable one, so the server refuses to start with it.
+# Shortest bearer token accepted; 16 characters of `secrets.token_urlsafe` are 96 bits.
 MIN_TOKEN_CHARS = 16
 
 
@@ -130,7 +128,6 @@ class ServeConfig:
     limits: Limits = field(default_factory=Limits)
     tools: dict[str, ToolServeConfig] = field(default_factory=dict)
 
-    # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, name_or_path: str | Path) -> "ServeConfig":
         return cls.from_dict(load_yaml(find_config(name_or_path, "serve")))
@@ -167,7 +164,6 @@ class ServeConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    # ------------------------------------------------------------------ derived views
     def mode(self, tool: str) -> Mode:
         spec, tcfg = REGISTRY[tool], self.tools[tool]
         if spec.backend is Backend.PURE:
@@ -201,7 +197,6 @@ class ServeConfig:
             for t in servable_tools(self.family)
         }
 
-    # ------------------------------------------------------------------ checks
     def check(self) -> None:
         """Structural checks that need no Ray and no weights; raises ServeConfigError."""
         names = {t.name for t in servable_tools(self.family)}
@@ -269,7 +264,6 @@ def unconfigured_result(tool: str) -> ToolResult:
     )
 
 
-# ---------------------------------------------------------------------- auth rule
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -294,7 +288,6 @@ def check_bind(http: HttpConfig, token: str | None) -> None:
         )
 
 
-# ---------------------------------------------------------------------- placement (dry run)
 @dataclass
 class PlacementReport:
     gpus: dict[int, list[tuple[str, float]]] = field(default_factory=dict)  # gpu -> (tool, fraction x max replicas)
@@ -344,12 +337,9 @@ class PlacementReport:
 
 
 def check_placement(cfg: ServeConfig, known_backends: set[str] | None = None) -> PlacementReport:
-    """Validate the GPU plan without Ray or weights.
-
-    Ray packs fractional `num_gpus` onto whichever GPU has room, in the order replicas start,
-    so the planned grouping (`gpu:`) is what we can check: every model tool is placed, each
-    GPU's fractions (counted at max replicas, since autoscaling may reach it) sum to <= 1.
-    """
+    """Validate the GPU plan without Ray or weights: every model tool is placed (`gpu:`) and each
+    GPU's fractions, counted at max replicas (autoscaling may reach it), sum to <= 1. Ray packs
+    fractions in replica start order, so the planned grouping is what can be checked."""
     rep = PlacementReport(gpus={g: [] for g in range(cfg.num_gpus)}, placement=cfg.placement)
     for spec in servable_tools(cfg.family):
         if cfg.mode(spec.name) is Mode.UNCONFIGURED:

@@ -1,8 +1,7 @@
 """A backend that exercises the serving path itself: dynamic batching, replica identity.
 
-It runs no model. Every result is `plumbing_only`, so nothing it returns can count as a real
-tool output; the serving tests attach it to a model tool as `toolserver.serve_probe:batch_probe`
-to check that `@serve.batch` really groups concurrent calls.
+It runs no model and every result is `plumbing_only`; the serving tests attach it to a model
+tool as `toolserver.serve_probe:batch_probe` to check that `@serve.batch` groups concurrent calls.
 """
 
 from __future__ import annotations

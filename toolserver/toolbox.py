@@ -1,8 +1,7 @@
 """The toolbox interface the episode runner uses, and its in-process implementation.
 
-Whether tools run in this process, behind a Ray Serve handle or over HTTP, the runner sees
-`Toolbox.call(request) -> ToolResult`. A failing tool becomes a failed `ToolResult`, never an
-exception in the caller.
+Wherever tools run (in-process, behind a Ray Serve handle, over HTTP), the runner sees
+`Toolbox.call(request) -> ToolResult`; a failing tool is a failed result, never an exception.
 """
 
 from __future__ import annotations
@@ -63,9 +62,8 @@ class LocalToolbox:
     max_output_pixels: int = DEFAULT_MAX_PIXELS
     # Per-tool queues of recorded outputs (replay); used before a live backend.
     recorded: dict[str, deque[RecordedOutput]] = field(default_factory=dict)
-    # A server's toolbox (a replica, the HTTP ingress) validates every request itself with
-    # `toolserver.limits.check_request`, since its callers' own validation cannot be trusted;
-    # in-process, the episode runner has already validated each call against its asset store.
+    # A server's toolbox (a replica, the ingress) runs `check_request` itself: its callers'
+    # validation cannot be trusted. In-process, the episode runner has already validated each call.
     validate: bool = False
     limits: Limits = field(default_factory=Limits)
 
@@ -139,8 +137,7 @@ class _LazyBackend:
     def __init__(self, name: str, params: dict[str, Any]):
         self.name, self.params = name, params
         self._fn: BackendFn | None = None
-        # Concurrent first calls (a threaded caller, a replica's pool) must build one backend,
-        # not one each: each build may load a model.
+        # Concurrent first calls must build one backend, not one each: each build may load a model.
         self._lock = threading.Lock()
 
     def _backend(self) -> BackendFn:

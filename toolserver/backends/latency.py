@@ -1,21 +1,15 @@
 """A model-tool stand-in that only takes time: for benchmarks and tests of tool concurrency.
 
 `latency` holds every call for `latency_s` plus a uniform jitter in `[-jitter_s, +jitter_s]`
-(never below zero), then answers with a plumbing-only result of the tool's declared kind: an
-image tool returns a copy of its first input image (or a flat `size`-square image when it has
-none), a mask tool an empty mask, a text tool a short note. It runs no model, so nothing it
-returns counts as a real tool output.
+(never below zero), then answers with a plumbing-only result of the tool's declared kind: a
+copy of the first input image (or a flat `size`-square image), an empty mask, or a short note.
+`batch_call` holds a whole batch for one latency, as a GPU would; each request counts as in
+flight. Never a default: only a tools config that names `backend: latency` uses it.
 
-It is thread-safe and counts how many calls it holds at once. The counts live in a registry
-keyed by `stats_key` rather than on the instance, so every instance built with the same key in
-one process (a lazily built backend may be built twice by racing first callers) adds to the same
-`LatencyStats`. A Ray Serve replica is its own process: read its counts from the results
-(`data["in_flight"]`, `data["batch_size"]`) rather than from this process's registry.
-
-`batch_call` (used by Ray Serve's `@serve.batch` when `max_batch_size > 1`) holds a whole batch
-for one latency, as a GPU would run it; each request of the batch counts as in flight.
-
-Never a default: only a tools config that names `backend: latency` uses it.
+Thread-safe. The counts live in a registry keyed by `stats_key`, not on the instance, so every
+instance with that key in one process (racing first callers may build a backend twice) adds to
+the same `LatencyStats`. A Ray Serve replica is its own process: read its counts from the
+results (`data["in_flight"]`, `data["batch_size"]`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """OCR backends.
 
 * ``rapidocr`` (default): rapidocr 3.x ships the PP-OCRv6 small det/rec and a cls model as ONNX
-  inside its wheel, so this is a real OCR model that works offline. onnxruntime is not a declared
-  dependency of rapidocr; the project depends on it.
-* ``paddleocr``: the full PaddleOCR pipeline for users who have its models. PaddleOCR cannot
-  fetch models offline, so local model directories are accepted and a missing model gives a
-  clear error rather than a network traceback.
+  in its wheel, so it works offline. It does not declare onnxruntime; the project depends on it.
+* ``paddleocr``: the full PaddleOCR pipeline, from local model directories (it cannot fetch
+  models offline); a missing model gives a clear error, not a network traceback.
 
 Text layout (``text_format``):
 
@@ -59,14 +57,10 @@ def _xyxy(points: Any) -> list[int]:
 
 
 def merge_line_fragments(found: OcrLines, max_gap: float = 1.0, min_overlap: float = 0.6) -> OcrLines:
-    """Join detections that are pieces of one text line.
-
-    PP-OCR's detector splits a line into words on wide, short images (a 640x105 banner comes back
-    as 'GRAND' / 'OPENING' / 'SALE', while the same line on a 640x300 canvas is one box). Two
-    boxes are one line when they overlap vertically by `min_overlap` of the smaller height and
-    the horizontal gap is at most `max_gap` line heights; farther apart they stay separate
-    (columns, labels).
-    """
+    """Join detections that are pieces of one text line (PP-OCR's detector splits a line into
+    words on wide, short images). Two boxes are one line when they overlap vertically by
+    `min_overlap` of the smaller height and the horizontal gap is at most `max_gap` line
+    heights; farther apart they stay separate (columns, labels)."""
     order = sorted(range(len(found.lines)), key=lambda i: (found.boxes[i][1] + found.boxes[i][3]) / 2)
     groups: list[list[int]] = []
     for i in order:
@@ -125,18 +119,14 @@ class _OcrBackend(LazyModelBackend):
         )
 
 
-# --------------------------------------------------------------------------------------- rapidocr
-
-
 @dataclass
 class RapidOcrParams:
     text_format: str = "lines"
     text_score: float = 0.5  # rapidocr's own default: lines recognised below this are dropped
     merge_lines: bool = True  # join word fragments of one line (see merge_line_fragments)
-    # Detector input size. rapidocr's default (type "min", 736) upscales until the SHORT side is
-    # 736 px, i.e. a 72x700 banner 10x: measured on 24 rendered one-line banners, 6/24 lines read
-    # and 2.4 s CPU each. Capping the long side instead (no upscaling): 24/24 and 0.12 s, with
-    # the same results on multi-line, 512x512 and 2000x1500 (18 px text) images.
+    # Detector input size. rapidocr's default ("min", 736) upscales until the short side is 736
+    # px (a 72x700 banner 10x): 6/24 one-line banners read, 2.4 s each. Capping the long side:
+    # 24/24, 0.12 s each, and the same results on multi-line and large images.
     det_limit_type: str = "max"
     det_limit_side_len: int = 2000
     use_cls: bool = True  # text-line orientation classifier (rotated text)
@@ -201,16 +191,12 @@ class RapidOcrBackend(_OcrBackend):
         found = OcrLines(list(txts), scores, boxes)
         return merge_line_fragments(found) if self.params.merge_lines else found
 
-    # No batch_call: RapidOCR's __call__ takes one image; its only batching is recognition of the
-    # text lines cropped from that image (rec_batch_num). Detection, the bulk of the time, runs
-    # on one resized image per call, so batching requests would be a loop under the same lock.
+    # No batch_call: RapidOCR's __call__ takes one image, and detection (the bulk of the time)
+    # runs per image, so batching requests would be a loop under the same lock.
 
 
 def rapidocr(**params: Any) -> RapidOcrBackend:
     return RapidOcrBackend(parse_params(RapidOcrParams, params, "rapidocr"))
-
-
-# -------------------------------------------------------------------------------------- paddleocr
 
 
 @dataclass
@@ -278,9 +264,8 @@ class PaddleOcrBackend(_OcrBackend):
                 found.boxes.append(_xyxy(poly))
         return merge_line_fragments(found) if self.params.merge_lines else found
 
-    # No batch_call: PaddleOCR 3's predict() accepts a list of images, but whether its detector
-    # stacks differently sized pages into one forward pass is unverified here (paddleocr cannot
-    # be installed or tested offline), and a list that is only looped over would add nothing.
+    # No batch_call: whether PaddleOCR 3's predict() stacks differently sized pages into one
+    # forward pass is unverified (it cannot be tested offline); a mere loop would add nothing.
 
 
 def paddleocr(**params: Any) -> PaddleOcrBackend:

@@ -136,7 +136,6 @@ class SamBackend(LazyModelBackend):
         segmented = self.segment(request.images["image"], list(request.args["bbox"]))
         return mark_plumbing(_mask_result(*segmented, self.name), self.plumbing_only)
 
-    # ------------------------------------------------------------------------------ batching
     def _prepare(self, request: ToolRequest) -> dict[str, Any]:
         return self._inputs(request.images["image"], list(request.args["bbox"]))
 
@@ -179,9 +178,6 @@ def _mask_result(mask: np.ndarray, score: float, box_px: list[float], backend: s
 
 def sam(**params: Any) -> SamBackend:
     return SamBackend(parse_params(SamParams, params, "sam"))
-
-
-# ----------------------------------------------------------------------- segment-anything (.pth)
 
 
 @dataclass

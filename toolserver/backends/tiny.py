@@ -1,10 +1,9 @@
 """Tiny random-weight checkpoints of the real Gen/Edit, Grounding and SAM architectures.
 
 No weights for these models ship in a wheel, so offline machines (CI, laptops) use checkpoints
-of the same classes with a few thousand random parameters, built here in seconds. They are
-saved like hub checkpoints and loaded by the very same backends as the real models, so every
-line of the real code path runs; their outputs are meaningless and always flagged
-``plumbing_only`` (the marker file written into each directory forces the flag).
+of the same classes with a few thousand random parameters, built here in seconds and loaded by
+the same backends as the real models; their outputs are always flagged ``plumbing_only`` (the
+marker file in each directory forces the flag).
 
 Checkpoints are cached under ``$CANVASAGENT_CACHE/tiny`` (default ``~/.cache/canvasagent/tiny``)
 as ``<kind>-v<version>-seed<seed>``, and are identical for a given seed.
@@ -46,8 +45,6 @@ def _write_marker(out: Path, kind: str, seed: int, **extra: Any) -> None:
     meta = {"kind": kind, "version": TINY_VERSION, "seed": seed, "random_weights": True, **extra}
     (out / TINY_MARKER).write_text(json.dumps(meta, indent=2) + "\n")
 
-
-# ------------------------------------------------------------------------------------ FLUX.2 klein
 
 # A minimal chat template: the klein pipeline wraps every prompt as a user turn before encoding.
 _CHAT_TEMPLATE = (
@@ -113,8 +110,6 @@ def build_tiny_flux2(out: Path, seed: int = DEFAULT_SEED) -> Path:
     return out
 
 
-# ------------------------------------------------------------------------------- Grounding-DINO
-
 _WORDS = (
     "a an the of and on in at with to left right top bottom red green blue white black yellow "
     "cat dog person man woman car sign text ball tree sky house bird cup bottle chair table logo"
@@ -166,9 +161,6 @@ def build_tiny_grounding(out: Path, seed: int = DEFAULT_SEED) -> Path:
     return out
 
 
-# ------------------------------------------------------------------------------------------ SAM
-
-
 def build_tiny_sam(out: Path, seed: int = DEFAULT_SEED) -> Path:
     import transformers
     from transformers import SamConfig, SamMaskDecoderConfig, SamModel, SamProcessor, SamPromptEncoderConfig, SamVisionConfig
@@ -218,11 +210,8 @@ def tiny_dir(kind: str, cache_dir: str | Path | None = None, seed: int = DEFAULT
 
 
 def ensure_tiny(kind: str, cache_dir: str | Path | None = None, seed: int = DEFAULT_SEED) -> Path:
-    """The cached tiny checkpoint of `kind`, built first if missing.
-
-    Built in a temporary sibling and renamed into place, so a concurrent or interrupted build
-    never leaves a half-written directory that looks complete.
-    """
+    """The cached tiny checkpoint of `kind`, built first if missing: in a temporary sibling
+    renamed into place, so a concurrent or interrupted build never leaves a half-written one."""
     if kind not in BUILDERS:
         raise ValueError(f"unknown tiny model {kind!r}; known: {sorted(BUILDERS)}")
     out = tiny_dir(kind, cache_dir, seed)
@@ -247,9 +236,6 @@ def ensure_tiny(kind: str, cache_dir: str | Path | None = None, seed: int = DEFA
         raise
     log.warning("built tiny random-weight %s checkpoint in %s (%.1f s): plumbing only", kind, out, time.perf_counter() - t0)
     return out
-
-
-# ------------------------------------------------------------------- backends on tiny checkpoints
 
 
 def _tiny_params(kind: str, params: dict[str, Any], cls: type, **defaults: Any) -> Any:

@@ -1,6 +1,7 @@
 """Crop, Rotate, Flip, Extract and Overlayer, implemented for real.
 
-Two semantics profiles (see `toolserver.validation.Profile`):
+Two semantics profiles (`toolserver.validation.Profile`); both get only known asset IDs (the
+validator refuses others before any tool runs):
 
 * `canvascraft` reproduces the public CanvasAgent tools pixel for pixel, because the
   CanvasCraft data and the policies trained on it were made with them: Rotate turns
@@ -8,8 +9,6 @@ Two semantics profiles (see `toolserver.validation.Profile`):
   images are converted to RGB first, and text is placed with Pillow's default anchor.
 * `exact` does what the schema text promises: clockwise rotation, lossless 90/180 turns that
   expand the canvas, and no mode conversion.
-
-Both profiles refuse unknown asset IDs (the validator does that before we are called).
 """
 
 from __future__ import annotations
