@@ -179,7 +179,6 @@ class Pipeline:
             used |= set(SCRIPTED_TOOLS)
         return [t for t in offline if t in used]
 
-    # -- stages ------------------------------------------------------------------------------------
     def _eval_sets(self) -> dict[str, list]:
         """Held-out tasks per source, in `cfg.sources` order, from the source registry: a build's whole
         eval split (`cc_eval_n` tasks), or `n_eval` made tasks drawn with a seed no training stage uses.
@@ -277,14 +276,11 @@ class Pipeline:
         results = {s: self.stages.done(s) for s in STAGES if s != "report"}
         return write_report(self.out, results)
 
-    # -- driver ------------------------------------------------------------------------------------
     def run(self, only: list[str] | None = None, isolate: bool = True) -> dict[str, Any]:
         """Run the stages not done yet, in order; the report is redrawn every time. With `isolate`
-        (the default) every stage but the report runs in a fresh subprocess, so what a stage
-        loaded (tool backends, torch and TRL state, allocator slack) is gone before the next one
-        starts. Each stage's `done.json` records its time and the peak RSS of the pipeline's
-        processes (this one plus the stage's subprocess) while it ran: `peak_rss_mb`,
-        `peak_anon_mb`."""
+        every stage but the report runs in a fresh subprocess, so what it loaded is gone before the
+        next one starts. Each stage's `done.json` records its time and the peak RSS of this process
+        plus the stage's subprocess while it ran: `peak_rss_mb`, `peak_anon_mb`."""
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "pipeline_config.json").write_text(json.dumps(asdict(self.cfg), indent=2))
         plan = {"data": (self.stage_data,), "eval_base": (self.stage_eval_base,), "sft": (train, self.sft),

@@ -98,9 +98,6 @@ def _checked_options(cls: type, options: dict[str, Any], spec: PolicySpec) -> di
     return options
 
 
-# -- replay sources ------------------------------------------------------------------------------
-
-
 def _replies_of_messages(messages: list[dict[str, Any]]) -> list[str]:
     out = []
     for m in messages:
@@ -176,9 +173,6 @@ class ReplaySource:
         if len(recs) == 1:
             return cls(default=_replies_of_record(recs[0]))
         return cls(by_id={_record_id(rec) or str(i): _replies_of_record(rec) for i, rec in enumerate(recs)})
-
-
-# -- factory -------------------------------------------------------------------------------------
 
 
 class PolicyFactory:

@@ -4,33 +4,25 @@ subprocess, timed and with its peak memory.
     stages = StagedRun("runs/main", "pipeline")
     rec = stages.run("sft", train, sft_config, isolate=True)  # rec["final"], rec["seconds"], rec["peak_rss_mb"]
 
-`StagedRun` drives the pipeline and the ablation grid (and so the evidence benchmark). Stage `s`
-(a name may hold slashes: `cells/sft-rl/grpo`) is done once `<root>/<s>/done.json` exists: its
-record, the stage's return value (a dict) plus `seconds`, `peak_rss_mb` and `peak_anon_mb`,
-written atomically when the stage returns. `run` returns a done stage's record, whatever else it
-holds, without calling the stage; a stage that raised or was killed left none and runs again
-(resuming what it kept in its folder is its own business: `train` resumes from the last
-checkpoint).
+Stage `s` (a name may hold slashes: `cells/sft-rl/grpo`) is done once `<root>/<s>/done.json`
+exists: the stage's return value (a dict) plus `seconds`, `peak_rss_mb` and `peak_anon_mb`,
+written atomically when the stage returns. `run` returns a done stage's record without calling
+the stage; a stage that raised or was killed left none and runs again (resuming from what it
+kept in its folder is its own business: `train` resumes from the last checkpoint).
 
-The training stage comes in two forms: `train(cfg)`, run in this process or isolated, and
-`train_command(...)`, the `canvasagent.train` command line under a launcher of choice (the
-ablation grid's, so a grid can train across GPUs with `accelerate launch`).
+`train(cfg)` is the training stage, run in this process or isolated; `train_command(...)` runs the
+`canvasagent.train` command line under a launcher of choice (e.g. `accelerate launch` across GPUs).
 
-`run_stage` runs one callable, in this process or with `isolate` in a fresh Python
-subprocess. A subprocess bounds a stage's memory by the stage alone: whatever it loaded (tool
-backends, torch, TRL state) and whatever the allocator kept of what it freed goes back to the
-system when the process exits, so one stage's leftovers never add to the next one's peak. The
-stage must then be picklable (a module-level function, the main script's included, or a method
-of a picklable object) and so must its arguments and its return value; the subprocess imports
-the same packages as this process (this checkout first on its path), inherits the environment,
-the working directory and stdout/stderr, and logs at this process's root log level. An
-exception in the subprocess is raised here as a `StageFailed` carrying the subprocess's
-traceback; an interrupt here terminates the subprocess.
+With `isolate`, `run_stage` runs the stage in a fresh Python subprocess, so whatever it loaded
+(tool backends, torch, TRL state) and whatever the allocator kept goes back to the system when it
+exits and never adds to the next stage's peak. The stage, its arguments and its return value must
+then be picklable (a module-level function, the main script's included, or a method of a
+picklable object). The subprocess imports this checkout's packages first, inherits the
+environment, working directory and stdout/stderr, and logs at this process's root log level. Its
+exception is raised here as a `StageFailed` carrying its traceback; an interrupt here terminates it.
 
-`PeakRSS` samples the resident memory of this process plus all its descendants (a stage's
-subprocess and anything it starts), so the peak it reports is the job's, whichever way the
-stage ran. Linux only for the descendants and the anonymous part; elsewhere it falls back to
-this process's lifetime peak.
+`PeakRSS` samples the resident memory of this process plus all its descendants, so the peak is
+the job's whichever way the stage ran (Linux; elsewhere this process's lifetime peak only).
 """
 
 from __future__ import annotations
@@ -64,9 +56,6 @@ class StageFailed(RuntimeError):
     def __init__(self, message: str, remote_traceback: str = ""):
         super().__init__(message + (f"\n--- in the stage subprocess ---\n{remote_traceback}" if remote_traceback else ""))
         self.remote_traceback = remote_traceback
-
-
-# ---------------------------------------------------------------------------------- memory
 
 
 def _status_mb(pid: int | str = "self") -> dict[str, float]:
@@ -144,9 +133,6 @@ class PeakRSS:
 
     def peaks(self) -> dict[str, float]:
         return {f"peak_{k}_mb": round(v, 1) for k, v in self._peak.items()}
-
-
-# ---------------------------------------------------------------------------------- running
 
 
 @dataclass
@@ -252,9 +238,6 @@ def _child_main(job: str, result: str, parent: int) -> int:
     tmp.write_bytes(pickle.dumps(out))
     tmp.replace(result)
     return 0 if out[0] == "ok" else 1
-
-
-# ---------------------------------------------------------------------------------- staged runs
 
 
 def _jsonable(o: Any) -> Any:

@@ -19,13 +19,11 @@ from canvasagent.core.trajectory import Trajectory
 log = logging.getLogger(__name__)
 
 
-# Training diagnostics drawn by `plot_curves`: (panel title, metric keys). Keys are TRL's
-# (grpo_trainer logs `reward`, `reward_std`, `frac_reward_zero_std`, `kl` (beta > 0 only),
-# `entropy`, `clip_ratio/*`, `completions/*`, `tools/*` and `rewards/<reward function>/{mean,std}`),
-# the logged-only reward functions of `training.rewarding.TRLRewards`, and the trainer's `loss`.
-# Two stand-ins: COMPONENTS/mean and COMPONENTS/std are the reward components' keys, and
-# "rewards/<name>/*" is every per-source `<name>/<source>` (TRLRewards.PER_SOURCE). Panels
-# without data are left out.
+# Training diagnostics drawn by `plot_curves`: (panel title, metric keys). Keys are TRL's (`loss`,
+# `reward`, `reward_std`, `frac_reward_zero_std`, `kl` (beta > 0 only), `entropy`, `clip_ratio/*`,
+# `completions/*`, `tools/*`, `rewards/<reward function>/{mean,std}`), TRLRewards' logged-only ones
+# included. Stand-ins: COMPONENTS/{mean,std} are the reward components' keys, "rewards/<name>/*"
+# every per-source `<name>/<source>` (TRLRewards.PER_SOURCE). Panels without data are left out.
 COMPONENTS = "COMPONENTS"
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("loss", ("loss",)),
@@ -140,10 +138,9 @@ class ToolCollapse:
 class RewardCurves(TrainerCallback):
     """Appends every log to `metrics.jsonl` and redraws `curves.png` at each save and at the end.
 
-    The curve is drawn from `state.log_history`, which checkpoints carry, so a resumed run's
-    picture includes the steps before the interruption. Each log also goes through the
-    `collapse` rule (`ToolCollapse`); a step that completes a collapse carries `tool_collapse: 1`
-    in metrics.jsonl.
+    The curve comes from `state.log_history`, which checkpoints carry, so a resumed run's picture
+    includes the earlier steps. A log that completes a tool collapse (the `collapse` rule) carries
+    `tool_collapse: 1` in metrics.jsonl.
     """
 
     def __init__(self, out_dir: Path, title: str = "", collapse: ToolCollapse | None = None):
@@ -191,11 +188,9 @@ class TrajectoryDumper:
 
 
 class CompleteCheckpoints(TrainerCallback):
-    """Copy the base model's processor side files into each checkpoint so it loads standalone.
-
-    The image-only processor (machines without torchvision) does not write the video processor
-    config, and AutoProcessor refuses a Qwen3-VL folder without it.
-    """
+    """Copy the base model's processor side files into each checkpoint so it loads standalone: the
+    image-only processor (no torchvision) does not write the video processor config, and
+    AutoProcessor refuses a Qwen3-VL folder without it."""
 
     FILES = ("video_preprocessor_config.json", "preprocessor_config.json", "chat_template.jinja")
 

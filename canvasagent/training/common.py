@@ -105,11 +105,8 @@ def peft_config(cfg: TrainConfig):
 
 
 def common_trl_args(cfg: TrainConfig, with_deepspeed: bool = True) -> dict[str, Any]:
-    """TrainingArguments fields shared by SFTConfig and GRPOConfig.
-
-    `with_deepspeed=False` is the dry-run mode on a machine without the GPUs: DeepSpeed (which
-    needs the package) and bf16 (which needs a GPU) are validated separately instead.
-    """
+    """TrainingArguments fields shared by SFTConfig and GRPOConfig. `with_deepspeed=False` (the dry
+    run on a machine without the GPUs) leaves out DeepSpeed and bf16, validated separately instead."""
     o, r = cfg.optim, cfg.run
     args: dict[str, Any] = dict(
         output_dir=str(output_dir(cfg)),
@@ -201,11 +198,8 @@ def checkpoint_problem(ckpt: str | Path) -> str | None:
 
 
 def last_checkpoint(out: Path) -> str | None:
-    """The newest complete `checkpoint-N` under `out` (None if there is none).
-
-    Newer folders that fail `checkpoint_problem` (a kill during a save leaves one) are skipped
-    with a warning, so a resume continues from the last checkpoint that was fully written.
-    """
+    """The newest complete `checkpoint-N` under `out` (None if there is none); newer folders that
+    fail `checkpoint_problem` (a kill during a save leaves one) are skipped with a warning."""
     if not out.is_dir():
         return None
     found = sorted(
@@ -229,13 +223,10 @@ def checkpoint_state(ckpt: str | None) -> dict[str, Any] | None:
 
 def whole_run_loss(state: Any, before: dict[str, Any] | None, run_loss: float) -> float:
     """The mean training loss over every step of a run, resumed or not; `before` is the
-    `checkpoint_state` the run resumed from.
-
-    The Trainer's `training_loss` averages only the steps of this call (those after the
-    checkpoint). The steps before come from the checkpoint's logged losses, each weighted by the
-    steps it covers; steps after the checkpoint's last loss log and before its save were never
-    logged, so they are left out of the mean rather than guessed.
-    """
+    `checkpoint_state` the run resumed from. The Trainer's `training_loss` covers only this call's
+    steps; earlier ones come from the checkpoint's logged losses, each weighted by the steps it
+    covers. Steps after the checkpoint's last loss log and before its save were never logged, so
+    they are left out of the mean rather than guessed."""
     if not before:
         return run_loss
     start = int(before["global_step"])

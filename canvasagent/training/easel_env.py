@@ -5,30 +5,20 @@ categories, optionally the semantic tasks) into GRPO rows in `messages.grpo_row`
 the images (`img_1` the reference, `img_2` the blank canvas; semantic tasks: `img_1` the canvas)
 and the task JSON, whose `meta.easel` holds the spec `reset` rebuilds the EASEL task from.
 
-`EaselEnv` is a `CanvasEnv` whose tool methods are generated from the registry's `easel` family
-(`brush_stroke`/`undo`/`submit`), and whose episode runs them as `stateful` handlers over a
-`CanvasSession` (`CanvasSession.handlers()`), exactly as `canvasagent easel bench
---policy agent:...` does: same budget, undo and submit semantics, same rejection of invalid
-strokes (an observation that costs a step, not an exception). Every tool result carries the
-current canvas image and the text reply.
+`EaselEnv` runs the registry's `easel` tools (`brush_stroke`/`undo`/`submit`) as `stateful` handlers
+over a `CanvasSession`, exactly as `canvasagent easel bench --policy agent:...` does: same budget,
+undo and submit semantics, and an invalid stroke is an observation that costs a step, not an
+exception. Every tool result carries the current canvas image and the text reply.
 
-The reward (`canvasagent.evaluation.scoring.easel_scorer`, the easel source's scorer) is scored
-from the finished episode: `easel_s` is the final canvas's S against the reference
-(`canvasagent.easel.metrics.similarity`; semantic tasks: the task's own score), next to the rule
-reward's format and action-validity terms (`rewards.rule.score_rule`, preset from
-`grpo.reward_preset`), weighted by `easel.reward_weights` into `hybrid`.
+The reward (`canvasagent.evaluation.scoring.easel_scorer`) weights, by `easel.reward_weights`, the
+final canvas's S against the reference (`easel_s`; semantic tasks: the task's own score) and the
+rule reward's format and action-validity terms (preset `grpo.reward_preset`) into `hybrid`.
 
-Coordinates (`easel.coords`): `unit` is the registry's [0, 1]; `int1000` is what EASEL-Data
-teaches (integer 0-1000 path coordinates). With `int1000` the system prompt says so
-(`render_system_prompt(coords="int1000")`) and `EaselEnv` divides the path coordinates by 1000
-before the runner validates the call against the registry, as the bench's `--coords int1000` does.
+Coordinates (`easel.coords`): `unit` is the registry's [0, 1]; `int1000` (what EASEL-Data teaches)
+is stated in the system prompt, and `EaselEnv` divides path coordinates by 1000 before the runner
+validates the call, as the bench's `--coords int1000` does.
 
-SFT on an EASEL-Data build (`data.format: easel-data`, `sft_rows`): each next-stroke sample
-(reference R, canvas C_t -> stroke a_t) becomes the GRPO rollout that reaches C_t: the same system
-text and opening prompt (`img_1` R, `img_2` the blank canvas), the trajectory's earlier strokes as
-assistant calls each answered by this env's own tool reply (canvas image + text), then a_t. Rows of
-the first state only (R, C_t in the user turn) were tried first: the policy then wrote a valid
-first call and nothing valid after a tool reply, a context it had never seen.
+SFT on an EASEL-Data build (`data.format: easel-data`): see `sft_example`.
 """
 
 from __future__ import annotations
@@ -46,9 +36,6 @@ from canvasagent.training.env import CanvasEnv, make_env_class, task_from_row
 from canvasagent.training.messages import assistant_message, grpo_row, user_content
 
 log = logging.getLogger(__name__)
-
-
-# -- tasks and rows --------------------------------------------------------------------------------
 
 
 def task_specs(easel_cfg: Any) -> list[dict[str, Any]]:
@@ -97,11 +84,8 @@ def agent_task_of(spec: dict[str, Any]):
 
 def with_coords(system: str, coords: str) -> str:
     """A system text (base prompt, with or without the template's tool block) for `coords`.
-
-    SFT gets its system text from `messages.system_text` and GRPO its prompt from
-    `messages.prompt_messages`, both for the family's default (unit) convention; swapping the whole
-    base prompt here keeps the two byte-identical for int1000 too.
-    """
+    SFT's `messages.system_text` and GRPO's `messages.prompt_messages` both render the unit
+    convention; swapping the whole base prompt keeps the two byte-identical for int1000 too."""
     if coords == "unit":
         return system
     unit = render_system_prompt("easel", include_tools=False)
@@ -118,9 +102,6 @@ def grpo_rows(easel_cfg: Any) -> list[dict[str, Any]]:
         system = row["prompt"][0]["content"][0]
         system["text"] = with_coords(system["text"], easel_cfg.coords)
     return rows
-
-
-# -- SFT on EASEL-Data --------------------------------------------------------------------------------
 
 
 def build_sft_data(easel_cfg: Any, out: Any, n_strokes: int | None = None, painter_cfg: Any = None,
@@ -223,9 +204,6 @@ def sft_rows(cfg: Any, system: str) -> list[dict[str, Any]]:
     return rows
 
 
-# -- environment -------------------------------------------------------------------------------------
-
-
 def _no_toolbox() -> Any:
     """An EASEL env's toolbox: no model or pure tools (the bench's `NoToolbox`); strokes run on the session."""
     from canvasagent.easel.agent import NoToolbox
@@ -250,10 +228,8 @@ class EaselEnv(CanvasEnv):
         return None  # the prompt already holds the reference and the canvas
 
     def _open(self, task: Any, easel_task: Any, budget: int) -> None:
-        """A fresh episode of `easel_task` shown as `task` (SFT replays EASEL-Data prefixes through it).
-
-        Private: TRL offers every public method of an environment to the policy as a tool.
-        """
+        """A fresh episode of `easel_task` shown as `task` (SFT replays EASEL-Data prefixes through it);
+        private, as TRL offers every public method of an environment to the policy as a tool."""
         from canvasagent.easel.canvas import CanvasSession
 
         self.easel_task = easel_task
@@ -286,11 +262,7 @@ class EaselEnv(CanvasEnv):
         return to_pil(self.session.canvas)
 
     def _outcome(self) -> dict[str, Any]:
-        """The final canvas's scores (what the `easel_s` reward reads).
-
-        Private: TRL offers every public function of an environment class as a tool, and a public
-        `outcome` put a fourth tool into the GRPO prompt that SFT (the registry's three) never shows.
-        """
+        """The final canvas's scores (what the `easel_s` reward reads); private, or TRL would offer it as a tool."""
         sess, task = self.session, self.easel_task
         out: dict[str, Any] = {
             "kind": "reconstruction" if getattr(task, "reference", None) is not None else "semantic",

@@ -103,9 +103,8 @@ class CanvasEnv:
     _toolbox_factory: Callable[[], Any] | None = None
     _toolbox: Any = None  # one per process: the local toolbox is stateless, remote ones are clients
     # Opt-in: text-only observations (errors, OCR, an ended episode) also carry the latest asset
-    # image. Off by default because SFT and evaluation render text-only observations without an
-    # image (training/messages.py), so on it GRPO would train on a layout the policy never meets
-    # at inference, and it spends image tokens of the completion budget on every failed call.
+    # image. Off by default: SFT and evaluation render them without one (training/messages.py), so
+    # GRPO would train on a layout never met at inference, and it costs image tokens per failed call.
     image_in_every_observation: bool = False
 
     def __init__(self) -> None:
@@ -152,12 +151,9 @@ class CanvasEnv:
         return last.image if last is not None else Image.new("RGB", (32, 32), (255, 255, 255))
 
     def _finalize(self, completion: list[dict[str, Any]]) -> Trajectory:
-        """Complete the trajectory with what only the completion knows: the reply texts.
-
-        `call_tool` executed the calls TRL parsed; here each executed turn gets the raw reply that
-        produced it (for the format checks), and a final reply without a call is stepped through
-        the episode (terminate / no_call), exactly as `run_episode` would have recorded it.
-        """
+        """Complete the trajectory with the reply texts only the completion knows: each executed
+        turn gets the raw reply that produced it (for the format checks), and a final reply without
+        a call is stepped through the episode (terminate / no_call), as `run_episode` records it."""
         if self._trajectory is not None:
             return self._trajectory
         ep = self.episode

@@ -1,9 +1,8 @@
 """Held-out check of a trained checkpoint, through the one evaluation implementation.
 
-`evaluate_checkpoint` shows an HF checkpoint the training layout (system text with the tool
-block) and runs it with `canvasagent.evaluation`'s runner (seeded sampling, saved and resumable
-trajectories) and its one metrics view (`policy_metrics`). The pipeline, the evidence benchmark
-and the ablation grid all evaluate through it, each with the scorer it reports.
+`evaluate_checkpoint` runs an HF checkpoint in the training layout (system text with the tool
+block) with `canvasagent.evaluation`'s runner (seeded sampling, saved and resumable trajectories)
+and its one metrics view (`policy_metrics`).
 """
 
 from __future__ import annotations

@@ -26,12 +26,9 @@ log = logging.getLogger(__name__)
 
 def _return_freed_heap() -> Any:
     """A TrainerCallback that hands freed heap pages back to the OS after every step
-    (`return_freed_memory`: glibc's `malloc_trim(0)`, a few ms; elsewhere a no-op).
-
-    A GRPO step allocates and frees hundreds of MB natively (tensors, tool images, processor
-    buffers); glibc keeps the freed pages in its arenas, so RSS ratchets up over the run though
-    the live heap barely grows.
-    """
+    (`return_freed_memory`: glibc's `malloc_trim(0)`, a few ms; elsewhere a no-op). A GRPO step
+    allocates and frees hundreds of MB natively; glibc keeps the freed pages in its arenas, so
+    RSS would ratchet up over the run though the live heap barely grows."""
     from transformers import TrainerCallback
 
     class ReturnFreedHeap(TrainerCallback):
@@ -63,7 +60,7 @@ def grpo_args(cfg: TrainConfig, reward_weights: list[float], with_deepspeed: boo
             "temperature": g.temperature,
             "scale_rewards": g.scale_rewards,
             "reward_weights": reward_weights,
-            # TRL's completion table cannot hold mixed image/text tool messages (see spike); we dump ourselves.
+            # TRL's completion table cannot hold mixed image/text tool messages; TrajectoryDumper logs rollouts.
             "log_completions": False,
             **extra,
             **cfg.trl_args,

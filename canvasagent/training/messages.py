@@ -79,9 +79,7 @@ def assistant_message(reply: str) -> Message:
 
 def sft_example(traj: Trajectory, system: str, image_budget: int | None = None) -> dict[str, Any]:
     """A trajectory as an SFT row: `messages` with image placeholders + `images` in placeholder order.
-
-    `image_budget`: the last N tool images stay images, older ones their asset-ID text (None: all).
-    """
+    `image_budget`: the last N tool images stay images, older ones their asset-ID text (None: all)."""
     messages: list[Message] = [
         {"role": "system", "content": _text(system)},
         {"role": "user", "content": user_content(traj.task)},
@@ -126,10 +124,7 @@ def sharegpt_example(row: dict[str, Any], system: str, image_budget: int | None 
 
 def grpo_row(task: Task) -> dict[str, Any]:
     """A GRPO row: the prompt (TRL adds the tool block), the input images, the task for `reset`.
-
-    Reference images (for the offline alignment judge) travel in their own image column, since
-    the task JSON cannot hold images.
-    """
+    Reference images (for the offline alignment judge) get their own column: task JSON holds no images."""
     meta = {k: v for k, v in task.meta.items() if k != "reference_images"}
     data = {**task.to_dict(), "meta": meta}
     return {
@@ -141,12 +136,9 @@ def grpo_row(task: Task) -> dict[str, Any]:
 
 
 def fill_images(batch: dict[str, list]) -> dict[str, list]:
-    """`Dataset.with_transform`: embed tool-turn images as PIL, keep user images in `images`.
-
-    TRL fills placeholders only outside tool turns, so tool images must arrive embedded. Also
-    drops Arrow's None-valued keys (a `{"type": "image", "text": None}` block would otherwise
-    render as text) and decodes tool-call arguments.
-    """
+    """`Dataset.with_transform`: embed tool-turn images as PIL (TRL fills placeholders only outside
+    tool turns), keep user images in `images`, drop Arrow's None-valued keys (a `{"type": "image",
+    "text": None}` block would otherwise render as text) and decode tool-call arguments."""
     from trl.trainer.utils import remove_none_values
 
     out = {k: v for k, v in batch.items()}

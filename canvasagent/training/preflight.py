@@ -57,9 +57,6 @@ def preflight(cfg: TrainConfig, timeout_s: float = PROBE_TIMEOUT_S) -> list[str]
     return problems
 
 
-# -- files ---------------------------------------------------------------------------------------
-
-
 def _files(cfg: TrainConfig) -> list[str]:
     out: list[str] = []
     source = source_of(cfg)
@@ -115,9 +112,6 @@ def _checkpoint(field_name: str, ref: str, cfg: TrainConfig, download: bool = Tr
     return []
 
 
-# -- packages ------------------------------------------------------------------------------------
-
-
 def _wanted_packages(cfg: TrainConfig) -> dict[str, str]:
     """Module -> the config setting that asks for it."""
     want: dict[str, str] = {}
@@ -146,9 +140,6 @@ def _packages(cfg: TrainConfig) -> list[str]:
         except Exception as e:  # noqa: BLE001 - a broken install (ImportError, OSError from a CUDA lib, ...) counts as missing
             out.append(f"{why} needs the {module} package, which does not import ({type(e).__name__}: {' '.join(str(e).split())[:160]})")
     return out
-
-
-# -- endpoints -----------------------------------------------------------------------------------
 
 
 def _reward_config(cfg: TrainConfig):

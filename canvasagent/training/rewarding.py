@@ -1,15 +1,11 @@
 """A scorer -> TRL reward functions, one per weighted component.
 
 GRPO's reward is Σ weight_k · component_k, which is exactly the scorer's `hybrid` when the
-weights are the scorer's; giving each component its own function makes TRL log every one of
-them (`rewards/<name>/mean`). The trajectory is scored once per rollout and cached on its env.
-
-The scorer comes from the config's task source (`training.sources.Source.scorer`), built by the
-one scorer bridge `canvasagent.evaluation.scoring` (`make_scorer`, `HybridScorer` are imported
-here under the names the pipeline uses). Each trajectory is first finished with the reply texts
-that only the completion holds (`env.trajectory_of`); the step's rollouts are then scored as one
-batch (`HybridScorer.many`), so a judge's calls for them run concurrently, `judges.max_workers`
-at a time (1: serial), with the same scores as one by one.
+weights are the scorer's; one function per component makes TRL log each (`rewards/<name>/mean`).
+The scorer comes from the config's task source (`training.sources.Source.scorer`). Each trajectory
+is finished with the reply texts only the completion holds (`env.trajectory_of`) and scored once
+per rollout (cached on its env); a step's rollouts are scored as one batch (`HybridScorer.many`:
+judge calls concurrent, `judges.max_workers` at a time, the same scores as one by one).
 """
 
 from __future__ import annotations
@@ -45,26 +41,19 @@ class JudgeOutage(RuntimeError):
     """Too many rollouts of a GRPO step were scored by a judge fallback (on_excess_fallbacks: abort)."""
 
 
-# -- TRL reward functions ------------------------------------------------------------------------
-
-
 class TRLRewards:
     """Per-component TRL reward functions over env trajectories, plus a per-rollout hook.
 
-    Besides one function per weighted component, `functions()` ends with `judge_fallbacks`
-    (weight 0, logged only): 1 for a rollout some judge could not score. Every fallback is
-    warned about with its count. Past `scorer.max_fallback_share` of a batch, `abort` raises
-    `JudgeOutage`, and `drop` gives each such rollout the mean of its group's judged rollouts
-    (groups are `group_size` consecutive completions, as TRL orders them), so its advantage is 0
-    and the fallback's constant score cannot flatten the others'.
+    `functions()` gives one function per weighted component, then the logged-only ones (weight 0:
+    TRL logs `rewards/<name>/mean` and `/std` without them entering the reward): `judge_fallbacks`
+    (1 for a rollout some judge could not score), the `rollout_diagnostics`, and for each name in
+    `sources` one `<value>/<source>` per value in `PER_SOURCE`: the value for rollouts of that
+    source (`sources.task_source`), None for the others (TRL's NaN, left out of the mean).
 
-    The other logged-only functions (weight 0, so TRL logs `rewards/<name>/mean` and `/std` per
-    step without them entering the reward) are diagnostics of the rollout itself:
-    `format_validity` (share of its turns without a format finding), `tool_calls` (calls recorded
-    in its trajectory, i.e. what the reward saw), `no_tool` (1 when it called no tool), and for
-    each name in `sources` one `<value>/<source>` function per value in `PER_SOURCE` (`hybrid`,
-    format validity, the no-tool flag): the value for rollouts of that source
-    (`sources.task_source`) and None for the others, which TRL turns into NaN and leaves out of the mean.
+    Every fallback is warned about with its count. Past `scorer.max_fallback_share` of a batch,
+    `abort` raises `JudgeOutage`, and `drop` gives each such rollout the mean of its group's judged
+    rollouts (groups are `group_size` consecutive completions, as TRL orders them), so its
+    advantage is 0 and the fallback's constant score cannot flatten the others'.
     """
 
     LOGGED = ("judge_fallbacks", "format_validity", "tool_calls", "no_tool")

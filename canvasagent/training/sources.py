@@ -82,9 +82,6 @@ class Source:
         return {"format": self.name, "path": str(p), "exists": bool(p and p.exists())}
 
 
-# -- scripted -------------------------------------------------------------------------------------
-
-
 class Scripted(Source):
     """Templated pure-tool chains (`training.scripted`): data.n_train tasks from data.seed."""
 
@@ -114,9 +111,6 @@ class Scripted(Source):
     def dry_run_data(self, cfg: Any, toolbox_factory: ToolboxFactory) -> dict[str, Any]:
         task = self.tasks(cfg, n=2)[0][0]
         return {"format": self.name, "example": grpo_row(task)["prompt"][1]["content"][-1]["text"]}
-
-
-# -- CanvasCraft builds and the public formats (readers in canvascraft.formats) -------------------
 
 
 class CanvasCraft(Source):
@@ -172,9 +166,6 @@ class RLJson(CanvasCraft):
     name, meta_key, hint, reader = "rl-json", None, "", "read_rl_json"
 
 
-# -- mixed ----------------------------------------------------------------------------------------
-
-
 class Mixed(CanvasCraft):
     """The parts' rows concatenated in `parts` order; each part reads the same config as its own source."""
 
@@ -199,9 +190,6 @@ class Mixed(CanvasCraft):
 
     def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
         return [t for s, c in self._each(cfg) for t in s.eval_tasks(c, n, seed, toolbox)]
-
-
-# -- EASEL ----------------------------------------------------------------------------------------
 
 
 class _EaselLayout(Source):

@@ -1,7 +1,5 @@
 """`CanvasGRPOTrainer`: TRL's GRPOTrainer, made safe for Qwen-VL policies that sample vision tokens.
 
-Vision placeholders
--------------------
 Vision placeholders (``<|image_pad|>``, ``<|video_pad|>``, ``<|vision_start|>``...) are input-only
 tokens: TRL rebuilds the multimodal token types from token ids over the whole sequence once a tool
 returns an image, so a sampled placeholder desynchronises image tokens, ``pixel_values`` and
@@ -13,41 +11,34 @@ and (2) cuts a turn that still holds one (a backend that ignores ``suppress_toke
 just before it, as if the length limit had hit there: a prefix of a sample is a sample, so the kept
 tokens' log-probs stay valid, and the cut turn makes no tool call.
 
-Concurrent tool calls
----------------------
-TRL's ``_tool_call_loop`` calls the tools of one turn rollout after rollout, synchronously, so a
-generation step waits ``rollouts x latency`` per turn and a batching tool server never sees more
-than one call per process. The override keeps TRL's loop (masks, rollback of overlong results,
-multimodal fields) and changes only *when* the environment methods run: the first time TRL asks
-for a call in a turn, every pending call of that turn (the tool calls of each rollout's newest
-assistant message not yet run) is started in a bounded thread pool; TRL then consumes the results
-in its own order. One rollout's calls still run in order on its own environment; different
-rollouts run at once, each under its tool's concurrency cap (``ToolConcurrency``, from the tools
-config). Standalone ``tools=`` functions (shared, maybe not thread-safe) run as TRL runs them.
+Concurrent tool calls: TRL's ``_tool_call_loop`` runs the tool calls of a turn rollout after
+rollout, so a generation step waits ``rollouts x latency`` per turn and a batching tool server never
+sees more than one call per process. The override keeps TRL's loop (masks, rollback of overlong
+results, multimodal fields) and changes only *when* the environment methods run: TRL's first call in
+a turn starts every pending call of that turn (the tool calls of each rollout's newest assistant
+message not yet run) in a bounded thread pool, and TRL then consumes the results in its own order.
+One rollout's calls run in order on its own environment; different rollouts run at once, each under
+its tool's concurrency cap (``ToolConcurrency``, from the tools config). Standalone ``tools=``
+functions (shared, maybe not thread-safe) run as TRL runs them.
 
-Image-context budget
---------------------
-With ``image_budget`` K (``canvasagent.core.image_budget``), a rollout's conversation is kept, after every
-tool turn, as ``apply_image_budget`` renders it: the tool images older than the last K become their
-asset-ID text. TRL builds each turn's input by appending the new tool turn's tokens
-(``_get_tool_suffix_ids``) to the rollout's ids, so the override of that method (1) applies the
-budget to the rollout's messages, (2) re-renders each earlier tool turn that lost an image with the
-same method and splices it into the rollout's ids (and sampling log-probs), and (3) leaves the
-dropped images out of the images the next generation and the loss forward get, so image
+Image-context budget: with ``image_budget`` K (``canvasagent.core.image_budget``), a rollout's
+conversation is kept, after every tool turn, as ``apply_image_budget`` renders it: the tool images
+older than the last K become their asset-ID text. TRL builds each turn's input by appending the new
+tool turn's tokens (``_get_tool_suffix_ids``) to the rollout's ids, so the override of that method
+(1) applies the budget to the rollout's messages, (2) re-renders each earlier tool turn that lost an
+image with the same method and splices it into the rollout's ids (and sampling log-probs), and (3)
+leaves the dropped images out of the images the next generation and the loss forward get, so image
 placeholders and images always agree. Tool turns are tool tokens (mask 0), so no sampled token
-changes; the tool mask is re-spliced when the loop returns. A tool turn TRL is about to roll back
-as overlong evicts nothing. The loss forward scores the final sequence (see the budget module on
-what that means for early turns).
+changes; the tool mask is re-spliced when the loop returns. A tool turn TRL is about to roll back as
+overlong evicts nothing. The loss forward scores the final sequence (see the budget module on what
+that means for early turns).
 
-Per-turn credit
----------------
-With ``credit="turn"`` the scored batch's (B,) advantages are replaced by (B, T) ones
-(``canvasagent.training.turn_credit``): each model turn is judged against the group's rollouts
+Per-turn credit: with ``credit="turn"`` the scored batch's (B,) advantages are replaced by (B, T)
+ones (``canvasagent.training.turn_credit``): each model turn is judged against the group's rollouts
 that reached that turn. The rewards come from TRL's own ``_calculate_rewards`` of the same batch.
 
-Checked against TRL 1.16.0 only, the newest release on PyPI when this was written, so upgrading is
-no way out. On another version the override's signature is verified: a changed one refuses to
-build, an unchanged one runs with a warning to re-check whether upstream fixed the bug.
+Checked against TRL 1.16.0 only (`CHECKED_TRL_VERSIONS`). On another version a changed signature
+of an overridden method refuses to build; unchanged ones run with a warning to re-check the bug.
 """
 
 from __future__ import annotations
@@ -133,10 +124,9 @@ def cut_at_vision_tokens(
 ) -> tuple[list[list[int]], list[list[float]] | None, int]:
     """Cut each sampled turn just before its first vision token; return how many turns were cut.
 
-    Takes token ids as any sequence of ints (vLLM's `CompletionOutput.token_ids` may be a tuple
-    or an array) and returns lists, which TRL concatenates with the prompt ids. A turn cut to
-    nothing becomes a lone EOS (TRL cannot hold an empty first turn), with an unknown sampling
-    log-prob (None, which TRL's importance-sampling correction treats as "no correction").
+    Takes token ids as any sequence of ints (vLLM's may be a tuple or an array) and returns lists,
+    which TRL concatenates with the prompt ids. A turn cut to nothing becomes a lone EOS (TRL
+    cannot hold an empty first turn) with sampling log-prob None (TRL: "no correction").
     """
     n_cut = 0
     out_ids, out_lps = [], None if logprobs is None else []
@@ -156,12 +146,9 @@ def cut_at_vision_tokens(
 
 @dataclass(frozen=True)
 class ToolConcurrency:
-    """How many environment tool calls one training process runs at once.
-
-    `max_workers`: the pool size (None: one thread per rollout of the batch); `per_tool`: caps for
-    single tools under it (a tool absent from it is capped only by the pool). `enabled=False`
-    keeps TRL's serial loop.
-    """
+    """How many environment tool calls one training process runs at once. `max_workers`: the pool
+    size (None: one thread per rollout of the batch); `per_tool`: caps for single tools under it
+    (a tool absent from it is capped only by the pool). `enabled=False` keeps TRL's serial loop."""
 
     max_workers: int | None = None
     per_tool: Mapping[str, int] = field(default_factory=dict)
