@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 log = logging.getLogger(__name__)
 
 

@@ -14,9 +14,8 @@ import re
 import sys
 from collections.abc import Callable
 
-# Libraries whose INFO lines (one per HTTP request, Ray start-up banners, ...) drown our own.
-# Importing ray resets the "ray" logger to INFO, so its sub-packages are named as well: their
-# own levels survive the import.
+# Libraries whose INFO lines drown our own. Importing ray resets the "ray" logger to INFO, so its
+# sub-packages are named as well: their own levels survive the import.
 THIRD_PARTY_LOGGERS = (
     "httpx", "httpcore", "urllib3", "requests", "ray", "ray._private", "ray.serve", "ray.data", "ray.util",
     "ray.dashboard", "filelock", "fsspec",

@@ -68,7 +68,6 @@ class AssetStore:
         self._counters: dict[str, int] = {}
         self._n_inputs = 0
 
-    # -- registration -------------------------------------------------------------------------
     def add_input(self, image: Image.Image, asset_id: str | None = None) -> Asset:
         self._n_inputs += 1
         aid = asset_id or f"img_{self._n_inputs}"
@@ -90,7 +89,6 @@ class AssetStore:
         self._assets[aid] = asset
         return asset
 
-    # -- lookup -------------------------------------------------------------------------------
     def get(self, asset_id: str) -> Asset:
         if not isinstance(asset_id, str) or asset_id not in self._assets:
             raise UnknownAssetError(str(asset_id), self.ids())

@@ -40,9 +40,8 @@ class EpisodeConfig:
     family: str = "canvasagent"
     max_input_pixels: int = DEFAULT_MAX_INPUT_PIXELS
     tools_in_system_prompt: bool = True
-    # End the episode (stop reason "no_terminate") at a reply that neither calls a tool nor
-    # terminates, as a GRPO rollout ends there; otherwise the reply gets an error observation
-    # and the policy is asked again.
+    # End the episode ("no_terminate") at a reply with neither a call nor <Terminate>, as a GRPO
+    # rollout does; otherwise the reply gets an error observation and the policy is asked again.
     end_without_call: bool = False
     # The image-context budget (canvasagent.core.image_budget): the policy is shown the last N tool
     # images, older ones as their asset-ID text. None: every image.
@@ -109,7 +108,6 @@ class Episode:
         assert self.trajectory is not None, "call reset() first"
         return self.trajectory.assets
 
-    # -- contract ----------------------------------------------------------------------------------
     def reset(self, task: Task) -> list[Message]:
         store = AssetStore()
         for img in task.images:
@@ -193,7 +191,6 @@ class Episode:
         if self.trajectory is not None and not self.done:
             self._finish("interrupted")
 
-    # -- internals ---------------------------------------------------------------------------------
     def _require_running(self) -> Trajectory:
         if self.trajectory is None:
             raise RuntimeError("call reset(task) before step()")

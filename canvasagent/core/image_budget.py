@@ -2,11 +2,10 @@
 
 Contract
 --------
-`apply_image_budget(messages, budget)` is the one rule, used by every path that feeds a model:
-the episode (each policy call of evaluation, the chat and the UI: `Episode.context()`), SFT rows
-(`training.messages.sft_example`) and GRPO rollouts (`training.trl_multimodal.CanvasGRPOTrainer`,
-after every tool turn). For the same conversation all three therefore hand the model the same
-messages, and the chat template renders the same text.
+`apply_image_budget(messages, budget)` is the one rule for every path that feeds a model: the
+episode (`Episode.context()`: evaluation, chat, UI), SFT rows (`training.messages.sft_example`)
+and GRPO rollouts (`training.trl_multimodal.CanvasGRPOTrainer`, after every tool turn), so all
+three hand the model the same messages for the same conversation.
 
 * `budget` None keeps every image: the input list itself is returned, untouched.
 * `budget` K (an int >= 0) keeps the K most recent images of *tool* messages. Every older tool
@@ -25,12 +24,11 @@ messages, and the chat template renders the same text.
 
 What a budget means for training
 --------------------------------
-The budget is a property of the whole conversation, and a model call at turn t sees the budget
-applied to the conversation so far. SFT and GRPO score a trajectory as one sequence: the budget
-applied to the finished conversation. An assistant turn followed by more than K tool images is
-then trained with a context that shows fewer images than it was generated (GRPO) or will be run
-(evaluation) with; turns among the last K images see exactly their own context. With K at least
-the number of tool images of a trajectory nothing changes anywhere.
+A model call at turn t sees the budget applied to the conversation so far, but SFT and GRPO
+score a trajectory as one sequence, with the budget applied to the finished conversation. An
+assistant turn followed by more than K tool images is thus trained with fewer images than it was
+generated (GRPO) or will be run (evaluation) with; turns among the last K images see exactly their
+own context. With K >= the trajectory's tool image count nothing changes.
 """
 
 from __future__ import annotations

@@ -230,9 +230,6 @@ def format_reply(reason: str, call: dict | ToolCall | None = None, terminate: bo
     return "".join(parts)
 
 
-# -- observations ------------------------------------------------------------------------------
-
-
 def echo_saved(tool_text: str, asset_id: str, imglist: str) -> str:
     return f"{tool_text}\n[Output image saved as: {asset_id}. now imglist is {imglist}]"
 
@@ -240,8 +237,6 @@ def echo_saved(tool_text: str, asset_id: str, imglist: str) -> str:
 def echo_plain(tool_text: str, imglist: str) -> str:
     return f"{tool_text}\n[now imglist is {imglist}]"
 
-
-# -- system prompt -----------------------------------------------------------------------------
 
 # How the chain rules name a kind a tool gets or gives.
 _KIND_NOUN = {OutputKind.BOXES: "a box", OutputKind.MASK: "a mask", OutputKind.RGBA: "an RGBA image"}
@@ -290,10 +285,8 @@ _CHAIN_RULES = {
     ),
 }
 
-# EASEL-Data teaches path coordinates as integers 0-1000; a policy trained on it is told
-# so (`render_system_prompt(..., coords="int1000")`), and its environment rescales them to the
-# registry's [0, 1] before the call is validated (`canvasagent.training.easel_env`,
-# `canvasagent.easel.agent.Int1000Coords`).
+# EASEL-Data teaches integer 0-1000 path coordinates; the environment rescales them to [0, 1]
+# before validation (`canvasagent.training.easel_env`, `canvasagent.easel.agent.Int1000Coords`).
 _EASEL_INT1000_RULES = (
     "## Painting rules\n"
     "Each brush_stroke paints one stroke on the canvas; path coordinates are integers 0-1000 (fractions of the "

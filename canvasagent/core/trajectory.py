@@ -135,7 +135,6 @@ class Turn:
         if call is not None and (not isinstance(call, dict) or not isinstance(call.get("name"), str)
                                  or not isinstance(call.get("arguments") or {}, dict)):
             raise TypeError("turn field 'call' must be {name: str, arguments: object}")
-        # Fields read as stored; a missing one keeps its default.
         plain = ("reason", "check", "status", "error_code", "error", "tool_text", "output_id", "observation")
         return cls(
             index=d["index"],
@@ -162,7 +161,6 @@ class Trajectory:
     system_prompt: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
 
-    # -- views used by rewards, QC and reports ---------------------------------------------------
     @property
     def terminated(self) -> bool:
         return self.stop_reason in ("terminate", "submit")
@@ -188,7 +186,6 @@ class Trajectory:
     def plumbing_only(self) -> bool:
         return any(t.plumbing_only for t in self.turns)
 
-    # -- serialisation ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,

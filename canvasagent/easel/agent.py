@@ -12,16 +12,14 @@ Each task becomes a :class:`canvasagent.core.tasks.Task` of family ``easel``:
 * semantic: ``img_1`` is the task image (the canvas, e.g. the maze).
 
 ``brush_stroke``/``undo``/``submit`` are the ``stateful`` handlers of a
-:class:`CanvasSession` (``CanvasSession.handlers()``); every tool reply carries the updated canvas image
-and ``step k/B`` (and S for reconstruction); which of them the policy sees is the
-image budget (``AgentConfig.image_budget``, as in training). The session's budget is the
-category budget (or ``AgentConfig.budget``); the runner's turn cap is the
-budget + ``extra_turns`` so unparseable replies cannot loop forever. A
-``brush_stroke`` or ``undo`` the runner's schema check refuses before the canvas
-sees it still costs its step (:func:`charge_refused`), as the prompt states; a
-reply with no parseable call costs none. When the budget is
-spent the episode ends as if submitted. Each episode's trajectory is saved
-under ``OUT/trajectories/<task id>/``; scores are computed from the session.
+:class:`CanvasSession`; every tool reply carries the updated canvas image and
+``step k/B`` (and S for reconstruction); ``AgentConfig.image_budget`` sets which
+images the policy sees. The budget is the category budget (or ``AgentConfig.budget``);
+the runner's turn cap is budget + ``extra_turns`` so unparseable replies cannot loop
+forever. A ``brush_stroke`` or ``undo`` refused by the runner's schema check still
+costs its step (:func:`charge_refused`); a reply with no parseable call costs none. A
+spent budget ends the episode as if submitted. Trajectories are saved under
+``OUT/trajectories/<task id>/``; scores are computed from the session.
 """
 from __future__ import annotations
 
@@ -57,14 +55,11 @@ class AgentConfig:
     # "int1000": a policy trained on EASEL-Data writes path coordinates as integers
     # 0-1000; they are rescaled to [0, 1] before the runner validates the call
     coords: str = "unit"
-    # The image-context budget (canvasagent.core.image_budget), the setting GRPO trains under
-    # (TrainConfig.image_budget, same default): the policy sees the last N canvas images of the
-    # tool replies, older ones as text; the opening reference/canvas always stay. None: all.
+    # The image budget GRPO trains under (canvasagent.core.image_budget, TrainConfig.image_budget): the
+    # policy sees the last N tool-reply canvases, older ones as text; the opening images stay. None: all.
     image_budget: int | None = None
     seed: int = 0
 
-
-# -- task and environment ------------------------------------------------------------------------
 
 def task_id_of(task: Any, seed: int = 0) -> str:
     return getattr(task, "task_id", None) or f"{task.name}-{seed:04d}"
@@ -115,8 +110,6 @@ class NoToolbox:
     def close(self) -> None:
         pass
 
-
-# -- policies ------------------------------------------------------------------------------------
 
 class PlanPolicy:
     """Emits a precomputed stroke plan as brush_stroke calls, then submits."""
@@ -186,8 +179,6 @@ class AgentPolicySource:
         if self._factory is not None:
             self._factory.close()
 
-
-# -- running -------------------------------------------------------------------------------------
 
 def charge_refused(session: CanvasSession):
     """An `on_turn` callback: a brush_stroke or undo refused by the runner's schema check (it never

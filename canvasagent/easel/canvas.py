@@ -76,7 +76,6 @@ class CanvasSession:
         self.submitted = False
         self._ref_edges = metrics.edge_map(self.reference) if self.reference is not None else None
 
-    # -- construction helpers -------------------------------------------------
     @classmethod
     def for_task(cls, task: Any, track_s: bool = True) -> "CanvasSession":
         """Session for a ReconstructionTask or a semantic task (see tasks.py)."""
@@ -86,7 +85,6 @@ class CanvasSession:
         return cls(task.initial_canvas(), task.budget, reference=ref, fixed_appearance=fixed,
                    checker=checker, track_s=track_s and ref is not None)
 
-    # -- state -----------------------------------------------------------------
     @property
     def canvas(self) -> np.ndarray:
         return self._canvas
@@ -116,7 +114,6 @@ class CanvasSession:
             s0 = metrics.similarity(self.reference, self.initial, ref_edges=self._ref_edges).s
         return metrics.diagnostics(self.s_curve, self.actions, s0=s0)
 
-    # -- actions ---------------------------------------------------------------
     def _consume(self, tool: str, args: dict, ok: bool, msg: str, params=None) -> StepResult:
         self.steps_used += 1
         self.history.append(Event(self.steps_used, tool, dict(args), ok, msg,
@@ -182,7 +179,6 @@ class CanvasSession:
         self._stack.append((p, before))
         return self._consume("brush_stroke", args, True, "stroke applied", params=p)
 
-    # -- the episode runner's stateful handlers ---------------------------------
     def handlers(self) -> dict[str, Callable[[ToolRequest], ToolResult]]:
         """``brush_stroke``/``undo``/``submit`` as ``stateful`` handlers of an episode: each result
         carries the canvas image and ``step k/B`` (plus S when tracked); ``data["end_episode"]`` ends

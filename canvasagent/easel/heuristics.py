@@ -63,8 +63,6 @@ def brush_radius_px(res: int) -> float:
     return render.R_MIN_PX + fa.radius * (res * render.R_MAX_FRAC - render.R_MIN_PX)
 
 
-# -- reconstruction ------------------------------------------------------------------------------
-
 def grid_plan(reference: np.ndarray, budget: int) -> np.ndarray:
     """Mosaic: one horizontal stroke per grid cell with the cell's mean colour."""
     res = reference.shape[0]
@@ -83,8 +81,6 @@ def grid_plan(reference: np.ndarray, budget: int) -> np.ndarray:
             out.append([xa, yc, (xa + xb) / 2, yc, xb, yc, r, 1.0, r, 1.0, *col])
     return np.clip(np.array(out[:budget], np.float64), 0, 1)
 
-
-# -- outlines ------------------------------------------------------------------------------------
 
 def target_mask(task: OutlineTask) -> np.ndarray:
     """The region to outline, from the image alone (the task's mask is not used)."""
@@ -124,8 +120,6 @@ def outline_plan(task: OutlineTask) -> np.ndarray:
     c = max(cs, key=cv2.contourArea).reshape(-1, 2).astype(np.float64) + 0.5  # pixel centres
     return _fit_budget([(c, True)], res, task.budget)
 
-
-# -- handwriting ---------------------------------------------------------------------------------
 
 _NBRS = [(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)]
 
@@ -174,8 +168,6 @@ def handwriting_plan(task: HandwritingTask) -> np.ndarray:
     return _fit_budget([(c, False) for c in chains], res, task.budget)
 
 
-# -- mazes ---------------------------------------------------------------------------------------
-
 def maze_plan(task: MazeTask) -> np.ndarray:
     """One stroke per straight run of the route's cell centres (oracle route)."""
     route = task.maze.route
@@ -188,8 +180,6 @@ def maze_plan(task: MazeTask) -> np.ndarray:
     paths = _segments_to_paths(pts, task.resolution, closed=False)[:task.budget]
     return render.expand_fixed(np.clip(np.array(paths).reshape(-1, 6), 0, 1))
 
-
-# -- dispatch ------------------------------------------------------------------------------------
 
 def random_plan(task, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng([seed, 99])

@@ -168,7 +168,6 @@ def _optimise(p0: np.ndarray, ref: np.ndarray, iters: int, cfg: PainterConfig, r
     p = torch.tensor(p0, dtype=torch.float32, device=dev, requires_grad=True)
     opt = torch.optim.Adam([p], lr=cfg.lr)
     for it in range(iters):
-        # cosine decay: large moves early, fine convergence at the end
         frac = cfg.lr_final_frac + (1 - cfg.lr_final_frac) * 0.5 * (1 + math.cos(math.pi * it / max(1, iters)))
         for grp in opt.param_groups:
             grp["lr"] = cfg.lr * frac

@@ -28,21 +28,15 @@ pixel centre ``x``:
 
 1. ``t*`` = argmax over ``t`` in [0, 1] of ``g(t) = r(t) - |x - B(t)|``.
    With ``e(t) = B(t) - x``, the stationary points of the distance solve the
-   cubic ``e(t) . e'(t) = 0``, solved in closed form per pixel (Cardano /
-   trigonometric form, float64): its real roots split [0, 1] into *basins*,
-   one per local minimum of the distance (one basin, or two where the curve
-   folds back towards the pixel). With a constant radius the maximum of g is
-   the nearest basin minimum, exactly. With a varying radius, within each
-   basin g can only peak on the side the radius grows towards, before the
-   distance's next critical point, which gives one bracket per basin; a
-   bracket is searched only if ``r(far end) - d(basin minimum)`` could beat
-   the best g so far and reach coverage (> -0.5), and only for pixels whose
-   alpha depends on it (not already covered, unless the opacity varies and
-   ``t*`` sets ``a(t*)``). The search takes the best of
-   ``SEARCH_SAMPLES = 12`` uniform samples of the bracket and the first-order
-   peak next to the basin minimum (the distance as a local hyperbola), then
-   one Newton step on ``g'`` (kept in the bracket; covered pixels stop here),
-   and ``NEWTON_STEPS - 1 = 2`` more for pixels whose coverage it sets.
+   cubic ``e(t) . e'(t) = 0``, solved in closed form per pixel (float64): its
+   real roots split [0, 1] into *basins*, one per local minimum of the
+   distance (two where the curve folds back towards the pixel). With a
+   constant radius the maximum of g is the nearest basin minimum, exactly.
+   With a varying radius g can peak only on the side of a basin minimum the
+   radius grows towards, which gives one bracket per basin, searched only
+   where it can change the pixel's alpha: the best of ``SEARCH_SAMPLES = 12``
+   uniform samples and the first-order peak next to the basin minimum, then
+   up to ``NEWTON_STEPS = 3`` Newton steps on ``g'`` kept in the bracket.
    Everything after the roots is float32. Against a dense-sampling ground
    truth (4097 ``t``) the alpha error is below 0.02 on random strokes,
    folded ones included (tested).
@@ -53,17 +47,14 @@ pixel centre ``x``:
 
 Strokes are evaluated only inside the bounding box of the curve grown by the
 larger radius + 1 px (alpha is exactly 0 outside). The numpy-facing helpers
-run a compiled per-pixel kernel (:mod:`canvasagent.easel.render_nb`, numba).
-The torch path (:func:`stroke_alpha`, differentiable) takes the same ``t*``
-from it; with explicit ``k``/``golden_steps`` it instead uses a
-cheaper approximate search (``k`` coarse samples, golden-section refinement
-around the best; it can settle on the lower of two maxima), which only the
-painter's optimisation loop uses. Strokes
-are composited in order on a white canvas (1, 1, 1). Alphas and images are
-float32 and free of randomness, so identical inputs give identical outputs.
-``t*`` is computed without gradient; by the envelope theorem the gradient of
-``g(t*)`` w.r.t. the parameters is exact at the maximiser, which keeps the
-differentiable path (used by the painter) cheap.
+(images float32 H x W x 3 in [0, 1]) run a compiled per-pixel kernel
+(:mod:`canvasagent.easel.render_nb`, numba). The torch path (:func:`stroke_alpha`,
+differentiable) takes the same ``t*`` from it; with explicit ``k``/``golden_steps``
+it uses a cheaper approximate search instead (only the painter's optimisation
+loop does). Strokes are composited in order on a white canvas (1, 1, 1). Alphas
+and images are float32 and deterministic. ``t*`` is computed without gradient;
+by the envelope theorem the gradient of ``g(t*)`` w.r.t. the parameters is exact
+at the maximiser, which keeps the differentiable path cheap.
 
 Semantic tasks use a fixed appearance (:data:`FIXED_APPEARANCE`: opaque dark
 blue, medium width) and only the 6 path parameters (:func:`expand_fixed`).
@@ -92,14 +83,12 @@ R_MAX_FRAC = 0.25
 # Exact-path search (render_nb): samples per distance basin, Newton steps.
 SEARCH_SAMPLES = 12
 NEWTON_STEPS = 3
-# The approximate path (explicit ``k``/``golden_steps``, the painter's
-# optimisation loop): coarse samples then golden-section steps.
+# Approximate path (explicit ``k``/``golden_steps``): coarse samples, then golden-section steps.
 GOLDEN_STEPS = 10
 # Pixels covered by a sample need t* only for the opacity a(t*): 5 steps put t*
 # within ~0.008 of the maximiser, an opacity error <= 0.008 |oe - os|.
 OPACITY_GOLDEN_STEPS = 5
-# Above this many (stroke x pixel) elements the batch is processed in chunks to
-# bound the size of temporaries.
+# Above this many (stroke x pixel) elements a batch is chunked, to bound the temporaries.
 _CHUNK_ELEMS = 1 << 18
 
 
@@ -237,8 +226,7 @@ def _find_tstar(pc: _Poly, k: int, golden_steps: int = GOLDEN_STEPS,
     edge = maybe & (best_g < 0.5)  # coverage depends on g(t*)
     best_t = _refine(pc, best_t, best_g, edge, step, golden_steps)
     if varying is not None:
-        # covered by a sample, so coverage is 1 whatever t*: t* only sets the
-        # opacity, which needs far less precision than the edge
+        # covered by a sample: t* only sets the opacity, which needs far less precision
         inner = (best_g >= 0.5) & varying
         best_t = _refine(pc, best_t, best_g, inner, step, min(golden_steps, OPACITY_GOLDEN_STEPS))
     return best_t
@@ -252,8 +240,7 @@ def _refine(pc: _Poly, best_t: torch.Tensor, best_g: torch.Tensor, need: torch.T
         return best_t
     if n_need > 0.7 * need.numel():
         return torch.lerp(best_t, _golden(pc, best_t, best_g, step, golden_steps), need.to(best_t.dtype))
-    # Compact the pixels that need refinement into 1-D tensors (gather once,
-    # scatter once): the golden search is most of the work.
+    # Gather the pixels to refine into 1-D tensors: the golden search is most of the work.
     shape = best_g.shape
     hw = shape[1] * shape[2]
     idx = need.reshape(-1).nonzero().squeeze(1)
@@ -274,9 +261,8 @@ def _refine(pc: _Poly, best_t: torch.Tensor, best_g: torch.Tensor, need: torch.T
 def _golden(pc: _Poly, best_t: torch.Tensor, best_g: torch.Tensor, step: float, golden_steps: int) -> torch.Tensor:
     lo = (best_t - step).clamp_(min=0.0)
     hi = (best_t + step).clamp_(max=1.0)
-    # Golden-section search on the bracket: g is unimodal there but has a
-    # cone-like kink near the curve (|x-B(t)| -> 0) that derails Newton, so a
-    # derivative-free search is the robust choice.
+    # g is unimodal on the bracket but has a cone-like kink near the curve (|x-B(t)| -> 0)
+    # that derails Newton, so the search is derivative-free.
     phi = 0.6180339887498949
     a, b = lo, hi
     c = b - phi * (b - a)
@@ -391,10 +377,6 @@ def render_sequence(params: torch.Tensor, h: int, w: int, canvas: torch.Tensor |
     contrib = (params[:, 10:13, None, None] * (alphas * after).unsqueeze(1)).sum(0)
     return contrib + canvas * torch.prod(keep, 0).unsqueeze(0)
 
-
-# ----------------------------------------------------------------------------
-# numpy-facing helpers (images are float32 H x W x 3 in [0, 1])
-# ----------------------------------------------------------------------------
 
 def blank_canvas(h: int, w: int | None = None) -> np.ndarray:
     return np.ones((h, w or h, 3), dtype=np.float32)

@@ -1,13 +1,9 @@
 """Compiled (numba) per-pixel kernel of the EASEL rasteriser.
 
-It computes the rasterisation documented in :mod:`canvasagent.easel.render`:
-per pixel, the closed-form roots of the closest-point cubic (float64), then in
-float32 one bracket per distance basin, the skip tests, the best of
-``samples`` uniform samples and the first-order peak, then Newton steps (one
-where g > -1, the rest where g < 0.6), coverage ramp, opacity a(t*) and
-source-over compositing. Why compiled: at 128^2 a stroke's window holds a few
-thousand pixels; a per-pixel loop pays no per-array-op dispatch and needs no
-compaction of the pixels that need the search.
+It computes the rasterisation documented in :mod:`canvasagent.easel.render`.
+Why compiled: at 128^2 a stroke's window holds a few thousand pixels; a
+per-pixel loop pays no per-array-op dispatch and needs no compaction of the
+pixels that need the search.
 
 Compilation: ``cache=True`` stores the machine code next to this module
 (``__pycache__``) or, when that is read-only, in numba's user-wide cache dir;
@@ -101,8 +97,7 @@ def _search(root, d_root, lo, hi, ex, ey, tb, gb, ax, ay, cx, cy, r0, dr, dr2, s
     t, g = tb, gb
     if samples > 0:
         width = hi - lo
-        # branch-free first loop so LLVM can vectorise it (SIMD sqrt); the
-        # argmax after it keeps the first maximum
+        # branch-free so LLVM can vectorise it (SIMD sqrt); the argmax below keeps the first maximum
         for k in range(samples):
             ts = lo + width * us[k]
             bx = ex + ts * (ax + ts * cx)
@@ -132,8 +127,7 @@ def _search(root, d_root, lo, hi, ex, ey, tb, gb, ax, ay, cx, cy, r0, dr, dr2, s
             gn = _gval(tn, ex, ey, ax, ay, cx, cy, r0, dr)
             if gn > g:
                 t, g = tn, gn
-        # the remaining steps go to every uncovered pixel,
-        # including those the first step skipped (g <= -1)
+        # the remaining steps go to every uncovered pixel, even those the first skipped (g <= -1)
         if g < _F(0.6) and newton_steps > 1:
             tn = _newton(t, ex, ey, ax, ay, cx, cy, dr, newton_steps - 1, lo, hi)
             gn = _gval(tn, ex, ey, ax, ay, cx, cy, r0, dr)
@@ -227,8 +221,7 @@ def stroke_window(p, h, w, x0w, y0w, x1w, y1w, r_min, r_max_frac, samples, newto
                 if g2 > g:
                     t, g = ft2, g2
                 dmin = min(d1, d2)
-            # culls exactly the pixels no t can touch; covered pixels need t*
-            # only for a varying opacity
+            # culls exactly the pixels no t can touch; covered ones need t* only for a varying opacity
             if search and reach - dmin > _F(-0.5) and (do != 0.0 or g < _F(0.5)):
                 if dr > 0:
                     lo, hi = ft1, _F(1)

@@ -81,10 +81,6 @@ class ReconstructionTask:
         return metrics.similarity(self.reference, canvas).s
 
 
-# ---------------------------------------------------------------------------
-# procedural references
-# ---------------------------------------------------------------------------
-
 def _rand_color(rng: np.random.Generator) -> tuple[int, int, int]:
     return tuple(int(v) for v in rng.integers(0, 256, 3))
 
@@ -188,10 +184,8 @@ def load_photos(folder: str | Path | None = None) -> list[np.ndarray]:
 
 
 def make_natural(seed: int, res: int = 128, folder: str | Path | None = None) -> np.ndarray:
-    """Square crop (side uniform in [0.3, 0.6] x the short side, at least 128 px)
-    of a photo, area-resized to ``res``. Crops with almost no structure (edge
-    density below 2% under the metric's edge detector) are redrawn, so the
-    category is not diluted by flat sky or black borders."""
+    """Square crop of a photo (see the module doc), area-resized to ``res``. Crops with edge
+    density below 2% (the metric's edge detector) are redrawn: no flat sky or black borders."""
     photos = load_photos(folder)
     rng = np.random.default_rng([seed, 4])
     out = None
@@ -256,10 +250,6 @@ def reference_task(ref: np.ndarray, budget: int | None = None, task_id: str = "c
         budget = 32 if ref.shape[0] <= 64 else 128
     return ReconstructionTask(task_id, "custom", ref, int(budget))
 
-
-# ---------------------------------------------------------------------------
-# semantic tasks
-# ---------------------------------------------------------------------------
 
 def ink_mask(canvas: np.ndarray, initial: np.ndarray, thresh: float = 0.15) -> np.ndarray:
     """Pixels changed by painting (max channel difference above ``thresh``)."""
@@ -406,7 +396,6 @@ def generate_maze(cells: int, seed: int) -> Maze:
             wv[r, max(c, nc)] = False
         seen[nr, nc] = True
         stack.append((nr, nc))
-    # BFS route
     goal = (cells - 1, cells - 1)
     prev: dict[tuple[int, int], tuple[int, int] | None] = {(0, 0): None}
     q = deque([(0, 0)])
@@ -493,7 +482,7 @@ class MazeTask:
             ts = np.linspace(0, 1, 9)
             xs = np.clip((x0 + (x1 - x0) * ts).astype(int), 0, self.resolution - 1)
             ys = np.clip((y0 + (y1 - y0) * ts).astype(int), 0, self.resolution - 1)
-            # a 3x3 neighbourhood tolerance so thin strokes near the centre line count
+            # a 5x5 neighbourhood tolerance so thin strokes near the centre line count
             near = ndimage.binary_dilation(ink, np.ones((5, 5), bool))[ys, xs]
             if near.mean() < 0.8:
                 break

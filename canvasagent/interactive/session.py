@@ -78,7 +78,6 @@ class Session:
         self.trajectory.meta["interactive"] = True
         self.save()
 
-    # -- state ---------------------------------------------------------------------------------
     @property
     def trajectory(self) -> Trajectory:
         assert self.episode.trajectory is not None
@@ -93,7 +92,6 @@ class Session:
             return None
         return self.trajectory.save(self.out_dir)
 
-    # -- actions -------------------------------------------------------------------------------
     def propose(self) -> Proposal:
         """Ask the policy for its next reply without executing it."""
         if self.policy is None:

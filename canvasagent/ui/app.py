@@ -186,7 +186,6 @@ def build_app(config: UIConfig | None = None):
                     p_curve = gr.Image(label="S after each step", interactive=False, elem_id="paint-curve")
                 p_log = gr.Markdown(elem_id="paint-log")
 
-        # -- Session --------------------------------------------------------------------------
         outs = [state, steps, gallery, target, final, downloads, status, asset_ids, transcript]
 
         def on_start(st, files, text, spec, request: gr.Request):
@@ -223,7 +222,6 @@ def build_app(config: UIConfig | None = None):
         execute.click(lambda st, c: _outputs(ctl.execute(st, c or ""), st), [state, command], outs)
         rollback.click(lambda st, a: _outputs(ctl.rollback(st, a), st), [state, target], outs)
 
-        # -- Rollouts -------------------------------------------------------------------------
         def refilter(rs, step_, group_, sort_, min_, err_, a=None, b=None):
             if rs is None:
                 return [], gr.Dropdown(choices=[ALL], value=ALL), gr.Dropdown(choices=[], value=None), gr.Dropdown(choices=[], value=None)
@@ -236,8 +234,7 @@ def build_app(config: UIConfig | None = None):
                 lowest = None
             rows = R.select(rs, step_, group_, lowest, bool(err_), sort_ or R.SORTS[0])
             keys = [r.key for r in rows]
-            # Two rollouts of one group side by side: default to the best and the worst of the
-            # first group shown.
+            # Default A and B: the first and last rollout of the first group (best and worst by reward).
             first = [k for k, r in zip(keys, rows) if r.group == rows[0].group] if rows else []
             a = a if a in keys else (first[0] if first else None)
             b = b if b in keys and b != a else (first[-1] if len(first) > 1 else None)
@@ -272,7 +269,6 @@ def build_app(config: UIConfig | None = None):
         pick_a.change(lambda rs, k: viewer.side(rs, k), [rs_state, pick_a], [side_a, images_a])
         pick_b.change(lambda rs, k: viewer.side(rs, k), [rs_state, pick_b], [side_b, images_b])
 
-        # -- Paint ----------------------------------------------------------------------------
         p_outs = [p_state, p_canvas, p_ref, p_curve, p_status, p_log]
 
         def paint_out(v, st):

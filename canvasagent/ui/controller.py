@@ -141,7 +141,6 @@ class UIController:
         if st is not None:
             self.close(st)
 
-    # -- rendering -----------------------------------------------------------------------------
     def view(self, st: UIState, status: str = "") -> View:
         s = st.session
         if s is None:
@@ -244,7 +243,6 @@ class UIController:
         else:
             st.log.append(f"↳ {t.status} ({t.error_code}): {t.error}")
 
-    # -- actions -------------------------------------------------------------------------------
     def start(self, st: UIState, image_paths: list[str] | None, instruction: str, policy_spec: str | None) -> View:
         if st.session is not None and not st.session.done:
             st.session.finish("user_restarted")
@@ -278,7 +276,6 @@ class UIController:
         self._log_result(st, s.approve(p))
         return self.view(st)
 
-    # -- human in the loop: propose, then approve (as is or edited) or reject -----------------------
     def propose(self, st: UIState) -> View:
         s = st.session
         if s is None or s.done:
@@ -376,9 +373,6 @@ class UIController:
         if st is not None and st.session is not None and not st.session.done:
             log.info("UI session closed mid-episode; saved to %s", st.dir)
             st.session.finish("user_closed")
-
-
-# -- EASEL: paint stroke by stroke -----------------------------------------------------------------
 
 
 @dataclass

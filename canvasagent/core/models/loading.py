@@ -1,17 +1,16 @@
 """Load a Qwen3-VL policy and its processor, by hub id or local path, with one code path.
 
 The same functions serve the tiny offline checkpoint (tests, CPU default) and real checkpoints
-such as ``Qwen/Qwen3-VL-8B-Instruct``. Two environment problems are handled here so that no
-caller has to know about them:
+such as ``Qwen/Qwen3-VL-8B-Instruct``, and handle two environment problems for every caller:
 
 * **No torchvision.** In transformers 5.x every Qwen-VL processor declares a ``video_processor``
-  whose classes need torchvision; on CPU machines torchvision is absent (PyPI's wheel is a CUDA
-  build that cannot load against CPU torch), so ``AutoProcessor`` fails. We then build an
-  image-only :class:`Qwen3VLImageOnlyProcessor` from the same files.
+  whose classes need torchvision, which CPU machines lack (PyPI's wheel is a CUDA build that
+  cannot load against CPU torch), so ``AutoProcessor`` fails; we then build an image-only
+  :class:`Qwen3VLImageOnlyProcessor` from the same files.
 * **numpy pixel values.** The PIL image backend (the only one without torchvision) returns numpy
-  arrays when ``return_tensors`` is None, while TRL's GRPO tool loop
-  (``split_pixel_values_by_grid``) assumes torch tensors and crashes after a text-only tool turn.
-  We make the PIL backend default to torch outputs, as the torchvision backend does.
+  arrays when ``return_tensors`` is None, which crashes TRL's GRPO tool loop
+  (``split_pixel_values_by_grid``) after a text-only tool turn; we make it default to torch
+  outputs, as the torchvision backend does.
 
 Offline machines get an explicit :class:`ModelUnavailableError` instead of a network traceback.
 """
@@ -65,11 +64,6 @@ class ModelSource:
     @property
     def offline(self) -> bool:
         return _offline_mode()
-
-
-# --------------------------------------------------------------------------------------------
-# Source resolution and error messages
-# --------------------------------------------------------------------------------------------
 
 
 def _offline_mode() -> bool:
@@ -151,11 +145,6 @@ def _load(source: ModelSource, what: str, from_pretrained: Any, **kwargs: Any) -
         raise
 
 
-# --------------------------------------------------------------------------------------------
-# Policy
-# --------------------------------------------------------------------------------------------
-
-
 def _resolve_dtype(dtype: str | torch.dtype | None) -> str | torch.dtype | None:
     import torch
 
@@ -184,8 +173,7 @@ def load_policy(
             :func:`canvasagent.core.models.build_tiny_qwen3vl` or by a trainer's ``save_pretrained``.
         dtype: a ``torch.dtype``, ``"auto"`` or a name such as ``"bfloat16"``/``"bf16"``/``"float32"``.
             ``None`` keeps transformers' default.
-        device_map: passed through (``"auto"`` needs accelerate).
-        trust_remote_code: passed through.
+        device_map, trust_remote_code: passed through (``device_map="auto"`` needs accelerate).
         **model_kwargs: extra ``from_pretrained`` keyword arguments (e.g. ``attn_implementation``).
     """
     from transformers import AutoModelForImageTextToText
@@ -222,11 +210,6 @@ def ensure_token_capacity(model, tokenizer) -> bool:
     logger.info("Resizing token embeddings from %d to %d", current, needed)
     model.resize_token_embeddings(needed, pad_to_multiple_of=64)
     return True
-
-
-# --------------------------------------------------------------------------------------------
-# Processor
-# --------------------------------------------------------------------------------------------
 
 
 def torchvision_importable() -> bool:

@@ -92,10 +92,8 @@ class TinyQwen3VLSpec:
             raise ValueError("min_pixels must not exceed max_pixels")
 
 
-# Named sizes for ``model.tiny_size``. Every size shares the tokenizer (it does not read the model
-# sizes), so a dataset tokenized for one size stays valid for another. "xs" (~0.4M parameters) is
-# the CPU default; "s" (~1.6M: 4 layers, hidden 128) is for the GRPO testbed, where the
-# instructions vary and the chains are longer.
+# Named sizes for ``model.tiny_size``; all share the tokenizer. "xs" (~0.4M parameters) is the CPU
+# default; "s" (~1.6M) is for the GRPO testbed, where instructions vary and chains are longer.
 TINY_SIZES: dict[str, dict] = {
     "xs": {},
     "s": {
@@ -117,11 +115,6 @@ def tiny_spec(size: str = "xs") -> TinyQwen3VLSpec:
     if size not in TINY_SIZES:
         raise ValueError(f"unknown tiny model size {size!r}; known: {sorted(TINY_SIZES)}")
     return TinyQwen3VLSpec(**TINY_SIZES[size])
-
-
-# --------------------------------------------------------------------------------------------
-# Tokenizer
-# --------------------------------------------------------------------------------------------
 
 
 def _arg_value(arg, rng: random.Random, assets: list[str]):
@@ -227,9 +220,8 @@ def build_tiny_tokenizer(spec: TinyQwen3VLSpec | None = None):
         errors="replace",
         model_max_length=spec.model_max_length,
     )
-    # Special (skipped by skip_special_tokens=True). They are already in the vocabulary; listing
-    # them as additional special tokens (as Qwen's tokenizer_config does) makes them matched
-    # before BPE, never split, and visible in ``all_special_tokens`` like on real checkpoints.
+    # Special, and already in the vocabulary; listing them as additional special tokens (as Qwen's
+    # config does) matches them before BPE, never split, and lists them in ``all_special_tokens``.
     tokenizer.add_special_tokens(
         {"additional_special_tokens": [t for t in QWEN_SPECIAL_TOKENS if t != PAD_TOKEN]}
     )
@@ -239,11 +231,6 @@ def build_tiny_tokenizer(spec: TinyQwen3VLSpec | None = None):
         special_tokens=False,
     )
     return tokenizer
-
-
-# --------------------------------------------------------------------------------------------
-# Processor and model
-# --------------------------------------------------------------------------------------------
 
 
 def qwen3_vl_chat_template() -> str:
@@ -265,8 +252,7 @@ def _image_processor(spec: TinyQwen3VLSpec):
 
 
 def _video_processor_config(spec: TinyQwen3VLSpec) -> dict:
-    # Written so that, on machines WITH torchvision, AutoProcessor builds the stock Qwen3VLProcessor
-    # from this folder like from a hub checkpoint. (Cannot be exercised without torchvision.)
+    # Lets AutoProcessor build the stock Qwen3VLProcessor from this folder where torchvision exists.
     return {
         "video_processor_type": "Qwen3VLVideoProcessor",
         "processor_class": "Qwen3VLProcessor",
@@ -377,7 +363,6 @@ def build_tiny_qwen3vl(
     _rewrite_json(out / "tokenizer_config.json", processor_class="Qwen3VLProcessor")
 
     config = _model_config(spec, tokenizer)
-    # Fork the RNG so building a model never perturbs the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen3VLForConditionalGeneration(config)
