@@ -43,8 +43,7 @@ class EpisodeConfig:
     # End the episode ("no_terminate") at a reply with neither a call nor <Terminate>, as a GRPO
     # rollout does; otherwise the reply gets an error observation and the policy is asked again.
     end_without_call: bool = False
-    # The image-context budget (canvasagent.core.image_budget): the policy is shown the last N tool
-    # images, older ones as their asset-ID text. None: every image.
+    # canvasagent.core.image_budget: show the policy the last N tool images, older ones as text (None: all).
     image_budget: int | None = None
 
     def __post_init__(self) -> None:

@@ -106,10 +106,8 @@ def apply_image_budget(
     messages: list[Message], budget: int | None, images: list[Any] | None = None
 ) -> tuple[list[Message], list[Any] | None]:
     """The conversation as a model sees it under `budget`, and the kept `images` (placeholder form).
-
     Returns `(messages, images)`: `images` is None when none was passed, else the passed list
-    without the left-out images (for SFT rows whose image parts are placeholders).
-    """
+    without the left-out images (for SFT rows whose image parts are placeholders)."""
     dropped = omissions(messages, budget)
     if not dropped:
         return messages, images

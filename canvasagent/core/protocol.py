@@ -320,9 +320,7 @@ def render_system_prompt(
     family: str = "canvasagent", names: list[str] | None = None, include_tools: bool = True, coords: str = "unit"
 ) -> str:
     """The system prompt, generated from the registry so it can never disagree with it.
-
-    `coords="int1000"` (EASEL only) states the EASEL-Data convention: integer 0-1000 path coordinates.
-    """
+    `coords="int1000"` (EASEL only) states the EASEL-Data convention: integer 0-1000 path coordinates."""
     if family not in _ROLE:
         raise ValueError(f"unknown tool family {family!r}")
     if coords not in COORD_FORMATS or (coords != "unit" and family != "easel"):

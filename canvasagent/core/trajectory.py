@@ -69,12 +69,9 @@ class TrajectoryLoadError(ValueError):
 
 def json_bytes(data: Any, indent: int | None = 2) -> bytes:
     """`data` as UTF-8 JSON that always encodes and reads back to the same strings.
-
-    Non-ASCII text stays readable; a lone surrogate (which UTF-8 cannot hold, and which a
-    model may well emit) is written as its `\\uXXXX` escape. JSON only has such characters
-    inside strings, where that escape is valid and decodes to the same code point (a high
-    surrogate directly followed by a low one reads back as the character the pair encodes).
-    """
+    Non-ASCII text stays readable; a lone surrogate (which UTF-8 cannot hold, and a model may emit)
+    is written as its `\\uXXXX` escape, valid inside JSON strings and decoding to the same code point
+    (a high surrogate directly followed by a low one reads back as the character the pair encodes)."""
     return json.dumps(data, indent=indent, ensure_ascii=False, default=str).encode("utf-8", "backslashreplace")
 
 
@@ -251,10 +248,8 @@ class Trajectory:
     @classmethod
     def load(cls, path: str | Path) -> "Trajectory":
         """Read `trajectory.json` (or its folder) with its asset images.
-
         Asset files must lie inside the trajectory's own folder: a record naming any other
-        path (`../x.png`, an absolute path, a symlink out) raises `TrajectoryLoadError`.
-        """
+        path (`../x.png`, an absolute path, a symlink out) raises `TrajectoryLoadError`."""
         p = Path(path)
         if p.is_dir():
             p = p / "trajectory.json"

@@ -52,8 +52,7 @@ EASEL_SCRIPTS = ("blank",) + heuristics.PLANS
 class AgentConfig:
     budget: int | None = None  # override every task's step budget (smoke runs); None = task budget
     extra_turns: int = 2  # runner turns beyond the budget (room for submit / a malformed reply)
-    # "int1000": a policy trained on EASEL-Data writes path coordinates as integers
-    # 0-1000; they are rescaled to [0, 1] before the runner validates the call
+    # "int1000": EASEL-Data policies write integer 0-1000 path coordinates, rescaled before validation
     coords: str = "unit"
     # The image budget GRPO trains under (canvasagent.core.image_budget, TrainConfig.image_budget): the
     # policy sees the last N tool-reply canvases, older ones as text; the opening images stay. None: all.

@@ -55,9 +55,7 @@ class Event:
 @dataclass
 class CanvasSession:
     """Canvas with an undo stack, history and optional reference for S.
-
-    ``checker(params13, canvas) -> str | None`` may reject a stroke (maze walls).
-    """
+    ``checker(params13, canvas) -> str | None`` may reject a stroke (maze walls)."""
 
     initial: np.ndarray
     budget: int

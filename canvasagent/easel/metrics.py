@@ -121,10 +121,7 @@ def exact_repeat_rate(actions: Sequence[Sequence[float]] | None) -> float:
 def diagnostics(curve: Sequence[float], actions: Sequence[Sequence[float]] | None = None,
                 s0: float | None = None) -> TrajectoryDiagnostics:
     """Diagnostics over S_1..S_T; an empty curve falls back to ``s0`` (blank canvas).
-
-    @50% is S at step ceil(T/2); AUC = mean_t S_t; Best = max_t S_t;
-    F-B gap = Best - S_T.
-    """
+    @50% is S at step ceil(T/2); AUC = mean_t S_t; Best = max_t S_t; F-B gap = Best - S_T."""
     c = [float(v) for v in curve]
     if not c:
         v = float(s0) if s0 is not None else 0.0

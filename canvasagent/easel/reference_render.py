@@ -24,10 +24,7 @@ from .render import R_MAX_FRAC, R_MIN_PX
 def _disc_union_alpha(params: Sequence[float], h: int, w: int, scale: int, ts: np.ndarray,
                       windowed: bool = False) -> np.ndarray:
     """Hard-coverage alpha at ``scale``x resolution using discs at parameters ``ts``.
-
-    ``windowed`` restricts each disc's work to its own bounding box (same
-    result, used for the dense ground truth where full-canvas work is too slow).
-    """
+    ``windowed`` restricts each disc's work to its bounding box (same result; for the dense ground truth)."""
     p = np.asarray(params, dtype=np.float64)
     hh, ww = h * scale, w * scale
     u = 1 - ts

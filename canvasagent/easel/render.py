@@ -171,10 +171,8 @@ def _geometry(p: torch.Tensor, h: int, w: int):
 
 class _Poly(NamedTuple):
     """Power-form coefficients of B(t) - x and r(t), precomputed once per render.
-
     ``B(t) - x = (X0 + t (AX + t BX), Y0 + t (AY + t BY))`` with X0 (B,1,W),
-    Y0 (B,H,1) and the rest (B,1,1), so each g evaluation is ~15 full-size ops.
-    """
+    Y0 (B,H,1) and the rest (B,1,1), so each g evaluation is ~15 full-size ops."""
 
     X0: torch.Tensor
     AX: torch.Tensor
@@ -193,22 +191,17 @@ def _poly(geo, px, py) -> _Poly:
 
 def _step_mask(x: torch.Tensor) -> torch.Tensor:
     """1.0 where x > 0 else 0.0, using arithmetic only.
-
-    Boolean tensors and ``torch.where`` are an order of magnitude slower than
-    plain arithmetic on CPU, so selections below are written as lerps with
-    this (0/1 up to float precision) mask.
-    """
+    Boolean tensors and ``torch.where`` are an order of magnitude slower than plain arithmetic
+    on CPU, so selections below are lerps with this (0/1 up to float precision) mask."""
     return (x * 1e30).clamp_(0.0, 1.0)
 
 
 def _find_tstar(pc: _Poly, k: int, golden_steps: int = GOLDEN_STEPS,
                 varying: torch.Tensor | None = None) -> torch.Tensor:
     """argmax_t g(t) per pixel: coarse samples then golden-section refinement.
-
-    Only pixels whose alpha can depend on the refinement are refined (see
-    module docstring); ``varying`` (B,1,1 bool) marks strokes whose opacity
-    changes along t, for which covered pixels need an accurate t* too.
-    """
+    Only pixels whose alpha can depend on the refinement are refined (see module docstring);
+    ``varying`` (B,1,1 bool) marks strokes whose opacity changes along t, for which covered
+    pixels need an accurate t* too."""
     best_g = _g_value(0.0, pc)
     best_t = torch.zeros_like(best_g)
     for i in range(1, k):
@@ -295,13 +288,10 @@ def stroke_alpha(params: torch.Tensor, h: int, w: int, *, x_off: int = 0, y_off:
                  crop_h: int | None = None, crop_w: int | None = None, k: int | None = None,
                  golden_steps: int | None = None) -> torch.Tensor:
     """Alpha maps (B, crop_h, crop_w) for strokes ``params`` (B, 13) on an h x w canvas.
-
-    Differentiable w.r.t. ``params``. ``x_off/y_off/crop_*`` select a window of
-    the canvas. By default t* is the exact one (:mod:`render_nb`, on the CPU;
-    it carries no gradient); giving ``k`` and/or ``golden_steps`` selects the
-    cheaper approximate search (coarse samples + golden section, which can
-    pick the lower of two maxima), used inside the painter's optimisation loop.
-    """
+    Differentiable w.r.t. ``params``. ``x_off/y_off/crop_*`` select a window of the canvas.
+    By default t* is the exact one (:mod:`render_nb`, on the CPU; it carries no gradient);
+    giving ``k`` and/or ``golden_steps`` selects the cheaper approximate search (coarse samples
+    + golden section, which can pick the lower of two maxima) of the painter's optimisation loop."""
     ch = h if crop_h is None else crop_h
     cw = w if crop_w is None else crop_w
     dev, dt = params.device, params.dtype
@@ -341,10 +331,7 @@ def composite(canvas: torch.Tensor, alpha: torch.Tensor, color: torch.Tensor) ->
 
 def render_batch_onto(canvas: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     """Apply each of B strokes independently to the same canvas (3,H,W) -> (B,3,H,W).
-
-    This is the batched-proposal path used by greedy search; without
-    gradients it is :func:`render_batch_np`.
-    """
+    The batched-proposal path of greedy search; without gradients it is :func:`render_batch_np`."""
     _, h, w = canvas.shape
     if params.requires_grad:
         outs = []
@@ -359,10 +346,7 @@ def render_batch_onto(canvas: torch.Tensor, params: torch.Tensor) -> torch.Tenso
 def render_sequence(params: torch.Tensor, h: int, w: int, canvas: torch.Tensor | None = None,
                     k: int | None = None, golden_steps: int | None = None) -> torch.Tensor:
     """Composite strokes (N, 13) in order onto ``canvas`` (default white) -> (3,H,W).
-
-    Fully vectorised (differentiable): the final colour is
-    ``sum_i c_i A_i prod_{j>i}(1-A_j) + C0 prod_j (1-A_j)``.
-    """
+    Fully vectorised (differentiable): colour ``sum_i c_i A_i prod_{j>i}(1-A_j) + C0 prod_j (1-A_j)``."""
     dev, dt = params.device, params.dtype
     if canvas is None:
         canvas = torch.ones(3, h, w, device=dev, dtype=dt)

@@ -83,7 +83,6 @@ _NUMBERS = re.compile(r"^[\s,]*[-+0-9.eE]+([\s,]+[-+0-9.eE]+)*[\s,]*$")
 
 def parse_command(text: str) -> tuple[str, dict[str, Any]]:
     """One paint command -> (tool name, arguments) with the stroke validated against the schema.
-
     Raises PaintCommandError naming what is wrong (and what is accepted)."""
     t = (text or "").strip()
     low = t.lower()

@@ -128,8 +128,7 @@ def _file(path: Any) -> dict[str, Any]:
 class UIController:
     def __init__(self, config: UIConfig | None = None):
         self.config = config or UIConfig()
-        # Browser session -> its state, so closing the tab can end the episode at once (Gradio
-        # itself drops per-tab state only an hour after the tab goes away).
+        # Tab -> state, so closing a tab ends its episode at once (Gradio drops tab state an hour later).
         self._tabs: dict[str, UIState] = {}
 
     def track(self, tab: str | None, st: UIState) -> None:

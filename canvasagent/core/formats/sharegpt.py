@@ -96,11 +96,9 @@ def read_record(
     input_overrides: dict[int, Image.Image] | None = None,
 ) -> PublicTrajectory:
     """Parse one public record into a task, the assistant replies and the recorded tool turns.
-
     Image paths are relative to `base_dir` and must resolve inside `allowed_roots` (default:
     `base_dir` alone); a path that escapes them (`../x.png`, an absolute path elsewhere, a
-    symlink out) raises `ImageLoadError` before anything is read. Paths must be strings.
-    """
+    symlink out) raises `ImageLoadError` before anything is read. Paths must be strings."""
     msgs = normalize_messages(record)
     raw_paths = record.get("images") or []
     if isinstance(raw_paths, str):
@@ -200,9 +198,7 @@ def is_sharegpt(data: Any) -> bool:
 
 def to_record(traj: Trajectory, image_dir: str | Path, image_prefix: str | None = None) -> dict[str, Any]:
     """Write a trajectory as a public ShareGPT record; images are saved under `image_dir`.
-
-    `image_prefix` is how the paths are written into the record (default: `image_dir` itself).
-    """
+    `image_prefix` is how the paths are written into the record (default: `image_dir` itself)."""
     image_dir = Path(image_dir)
     image_dir.mkdir(parents=True, exist_ok=True)
     prefix = str(image_dir) if image_prefix is None else image_prefix

@@ -49,9 +49,7 @@ _DTYPE_ALIASES: dict[str, str] = {
 
 class ModelUnavailableError(OSError):
     """A model id or path could not be resolved (missing directory, or hub id unreachable offline).
-
-    Subclasses :class:`OSError` so code that already catches transformers' ``OSError`` keeps working.
-    """
+    Subclasses :class:`OSError` so code that already catches transformers' ``OSError`` keeps working."""
 
 
 @dataclass(frozen=True)
@@ -88,10 +86,8 @@ def _looks_like_path(ref: str) -> bool:
 
 def resolve_source(model_id_or_path: str | os.PathLike[str]) -> ModelSource:
     """Classify ``model_id_or_path`` as a local checkpoint directory or a hub id.
-
     Raises :class:`ModelUnavailableError` early for a path that does not exist, rather than letting
-    transformers try it as a hub id and fail with an unrelated validation error.
-    """
+    transformers try it as a hub id and fail with an unrelated validation error."""
     ref = os.fspath(model_id_or_path)
     expanded = os.path.expanduser(ref)
     if os.path.isdir(expanded):
@@ -199,10 +195,8 @@ def load_policy(
 
 def ensure_token_capacity(model, tokenizer) -> bool:
     """Grow the input/output embeddings if the tokenizer has ids beyond them; True if resized.
-
     Released Qwen checkpoints pad the embedding matrix well past ``len(tokenizer)``, so adding the
-    protocol tokens normally needs no resize; this guards the other cases (and custom models).
-    """
+    protocol tokens normally needs no resize; this guards the other cases (and custom models)."""
     needed = len(tokenizer)
     current = model.get_input_embeddings().weight.shape[0]
     if needed <= current:
@@ -233,11 +227,9 @@ def _image_only_processor_class():
 
     class Qwen3VLImageOnlyProcessor(Qwen3VLProcessor):
         """``Qwen3VLProcessor`` without the torchvision-only video processor.
-
         ProcessorMixin derives a processor's sub-processors from its ``__init__`` signature, so
         dropping ``video_processor`` from the signature is what makes loading and saving skip it.
-        Chat template, image-token expansion and ``mm_token_type_ids`` are inherited unchanged.
-        """
+        Chat template, image-token expansion and ``mm_token_type_ids`` are inherited unchanged."""
 
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
             # Mirrors Qwen3VLProcessor.__init__ minus the video processor.
@@ -252,14 +244,12 @@ def _image_only_processor_class():
             self.vision_end_token_id = tokenizer.convert_tokens_to_ids(self.vision_end_token)
 
         def to_dict(self) -> dict[str, Any]:
-            # Saved checkpoints must name the stock class, so that machines with torchvision load
-            # a regular Qwen3VLProcessor from them.
+            # Saved checkpoints name the stock class: machines with torchvision load a regular one.
             out = super().to_dict()
             out["processor_class"] = "Qwen3VLProcessor"
             return out
 
-    # Make it importable by name (module __getattr__ below) so processors pickle: datasets
-    # hashes/ships them to worker processes.
+    # Importable by name (module __getattr__ below) so processors pickle: datasets ships them to workers.
     Qwen3VLImageOnlyProcessor.__module__ = __name__
     Qwen3VLImageOnlyProcessor.__qualname__ = "Qwen3VLImageOnlyProcessor"
     return Qwen3VLImageOnlyProcessor
@@ -285,11 +275,9 @@ class _TorchOutputsByDefault:
 
 def force_torch_image_outputs(image_processor):
     """Make a PIL-backend image processor default to torch outputs (in place); returns it.
-
     Torchvision-backend processors already return tensors and are left alone. We swap the
     instance's class for a cached subclass rather than wrapping methods on the instance, because
-    instance-level functions would end up in ``to_dict``/``save_pretrained`` and break pickling.
-    """
+    instance-level functions would end up in ``to_dict``/``save_pretrained`` and break pickling."""
     from transformers.image_processing_backends import PilBackend
 
     cls = type(image_processor)

@@ -28,9 +28,8 @@ PROTOCOL_TOKENS: Final[tuple[str, ...]] = (
     TERMINATE,
 )
 
-#: Qwen control tokens. They are *special* (skipped when decoding with skip_special_tokens=True),
-#: exactly as in the released Qwen3-VL tokenizer. ``<|endoftext|>`` is the pad token and
-#: ``<|im_end|>`` the end-of-turn/eos token.
+#: Qwen control tokens, *special* (skipped by skip_special_tokens=True) as in the released Qwen3-VL
+#: tokenizer. ``<|endoftext|>`` is the pad token and ``<|im_end|>`` the end-of-turn/eos token.
 QWEN_SPECIAL_TOKENS: Final[tuple[str, ...]] = (
     "<|endoftext|>",
     "<|im_start|>",
@@ -64,19 +63,15 @@ def non_special_added_tokens() -> tuple[str, ...]:
 
 def missing_protocol_tokens(tokenizer) -> list[str]:
     """Protocol tokens that the tokenizer does not know as a single added token.
-
     Real checkpoints (e.g. Qwen3-VL-8B) already have ``<tool_call>`` but not ``<reason>`` or
-    ``<Terminate>``; callers add the missing ones before training.
-    """
+    ``<Terminate>``; callers add the missing ones before training."""
     vocab = tokenizer.get_vocab()
     return [tok for tok in PROTOCOL_TOKENS if tok not in vocab]
 
 
 def add_protocol_tokens(tokenizer) -> list[str]:
     """Add missing protocol tokens as non-special added tokens; return the ones added.
-
-    Idempotent: a tokenizer saved after this call reloads with the same ids.
-    """
+    Idempotent: a tokenizer saved after this call reloads with the same ids."""
     from tokenizers import AddedToken
 
     missing = missing_protocol_tokens(tokenizer)

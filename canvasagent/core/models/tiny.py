@@ -137,11 +137,9 @@ def _arg_value(arg, rng: random.Random, assets: list[str]):
 
 def protocol_corpus(extra: tuple[str, ...] = ()) -> Iterator[str]:
     """Deterministic training text for the tiny tokenizer, generated from the live protocol.
-
     It is rendered from the tool registry and :mod:`canvasagent.core.protocol` (system prompts, tool
     schemas, well-formed replies, tool observations) plus the chat template's own text, so the BPE
-    learns merges for exactly what training sequences contain; this keeps them short on CPU.
-    """
+    learns merges for exactly what training sequences contain; this keeps them short on CPU."""
     from canvasagent.core import protocol
     from toolserver.registry import openai_schemas, tools
 
@@ -331,10 +329,8 @@ def build_tiny_qwen3vl(
     spec: TinyQwen3VLSpec | None = None,
 ) -> Path:
     """Build and save a tiny random Qwen3-VL checkpoint into ``out_dir``; return its path.
-
-    Deterministic: the same ``seed`` and ``spec`` give byte-identical files. The global torch RNG
-    state of the caller is left untouched.
-    """
+    Deterministic: the same ``seed`` and ``spec`` give byte-identical files; the caller's torch RNG
+    state is left untouched."""
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 

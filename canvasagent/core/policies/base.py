@@ -11,8 +11,6 @@ class Policy(Protocol):
 
     def act(self, messages: list[dict[str, Any]], episode: Any) -> str:
         """Return the next assistant reply given the messages so far (system, user, assistant, tool…).
-
         `episode` is the running `canvasagent.core.episode.Episode`, for policies that want the asset
-        state directly (scripted painters, the human policy's prompt) rather than reading text.
-        """
+        state directly (scripted painters, the human policy's prompt) rather than reading text."""
         ...
