@@ -6,12 +6,11 @@ Cells: SFT only, RL only, SFT+RL, SFT+RL without the outcome reward, SFT+RL with
 reward. Training goes through the training CLI (`python -m canvasagent.train sft|grpo`, one
 subprocess per run, so each run has a clean process and its own log); the reward ablations are
 GRPO runs whose `grpo.reward_preset` names a preset in configs/reward/. The SFT run is shared by
-every cell that starts from it. Each trained checkpoint is evaluated on the same split by the
-pipeline's evaluator (`training.evaluate.evaluate_checkpoint`: the training layout, greedy, and
-with `eval.samples` also sampled at the GRPO temperature), every cell scored by the same reward,
-and the grid is written as one Table-5-shaped table plus training curves.
+every cell that starts from it. Each checkpoint is evaluated on the same split by
+`training.evaluate.evaluate_checkpoint` (greedy, plus sampled with `eval.samples`), every cell
+scored by the same reward, and written as one Table-5-shaped table plus training curves.
 
-The stages run through `canvasagent.stage_runner.StagedRun`. Layout under `--out` (a rerun skips
+Stages run through `canvasagent.stage_runner.StagedRun`. Layout under `--out` (a rerun skips
 every finished stage and resumes unfinished training):
 
     sft/                      the shared SFT run (train.log, metrics.jsonl, final/)
@@ -73,8 +72,7 @@ class EvalSection:
     max_turns: int = 4
     workers: int = 1  # unused (tasks run in order, seeded); kept so existing grids load
     limit: int | None = None
-    # Besides greedy: episodes per task sampled at the GRPO temperature (0: greedy only).
-    samples: int = 0
+    samples: int = 0  # besides greedy: episodes per task sampled at the GRPO temperature
     # max_new_tokens, HFGenerationConfig fields (dtype, device); the layout and tools are the training ones.
     policy_options: dict[str, Any] = field(default_factory=lambda: {"max_new_tokens": 96, "layout": "train"})
 
@@ -82,10 +80,9 @@ class EvalSection:
 @dataclass
 class AblationConfig:
     name: str = "ablation"
-    # A configs/pipeline/<name> (any of its data sources) whose data stage builds the grid's data
-    # under <out>/data: every run trains on it (`Pipeline.train_data` and the pipeline's train
-    # overrides) and every cell is evaluated on the pipeline's held-out tasks (which replace
-    # `eval.tasks`) with its tools config. None: the train configs' own data.
+    # A configs/pipeline/<name> whose data stage builds the grid's data under <out>/data: every run
+    # trains on it and every cell is evaluated on its held-out tasks (replacing `eval.tasks`) with
+    # its tools config. None: the train configs' own data.
     data: str | None = None
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
@@ -114,10 +111,9 @@ REFERENCE_CELL = "SFT+RL"  # the paper's full method: the other cells are read a
 
 
 def paired_against(out: Path, cells: list[str], reference: str, mode: str = "greedy") -> dict[str, dict[str, dict[str, float]]]:
-    """Each cell minus `reference` on `PAIRED_COLUMNS`, paired per held-out task, read from the
-    cells' saved reports (`cells/<slug>/eval/<mode>/report.json`): {cell: {column:
-    `paired_difference`}}. A cell without a report, or with other tasks than the reference's,
-    is left out (it cannot be paired)."""
+    """Each cell minus `reference` on `PAIRED_COLUMNS`, paired per held-out task, from the cells'
+    `cells/<slug>/eval/<mode>/report.json`: {cell: {column: `paired_difference`}}. A cell without
+    a report, or with other tasks than the reference's, is left out (it cannot be paired)."""
     def per_task(name: str) -> dict[str, dict[str, float]] | None:
         path = out / "cells" / slug(name) / "eval" / mode / "report.json"
         if not path.exists():
@@ -180,7 +176,6 @@ class AblationRunner:
         self.evaluator = evaluator or self.evaluate
         self.stages = StagedRun(self.out, "ablation")
 
-    # -- stages ------------------------------------------------------------------------------
     def plan(self) -> list[str]:
         """Human-readable stages, in order (for --dry-run)."""
         t = self.cfg.train
@@ -231,9 +226,8 @@ class AblationRunner:
                 "pipeline": pipe, "seed": pipe.cfg.seed}
 
     def eval_tasks(self) -> list:
-        """The held-out tasks every cell is evaluated on: the `data` pipeline's (the first
-        `eval.limit` of each source), else `eval.tasks` (a split path, or made scripted tasks).
-        Read once per grid; every cell gets the same list."""
+        """The held-out tasks every cell is evaluated on (read once per grid): the `data` pipeline's
+        (the first `eval.limit` of each source), else `eval.tasks` (a split path, or scripted tasks)."""
         return list(self._all_eval_tasks)
 
     @functools.cached_property
@@ -337,7 +331,6 @@ class AblationRunner:
                 failures[cell.name] = str(e)
         return self.write(results, failures)
 
-    # -- outputs -----------------------------------------------------------------------------
     def write(self, results: dict[str, CellResult], failures: dict[str, str]) -> dict[str, Any]:
         rows = {c.name: results[c.name].metrics for c in self.cfg.cells if c.name in results}
         table = metrics_table(rows)

@@ -67,8 +67,7 @@ class TaskResult:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
-# Results saved without per-check verdicts (older scorers) succeed at this mean alignment.
-MATCH_THRESHOLD = 0.95
+MATCH_THRESHOLD = 0.95  # success of results saved without per-check verdicts (older scorers)
 
 
 def succeeded(scores: dict[str, float], match_threshold: float = MATCH_THRESHOLD) -> bool:
@@ -83,8 +82,7 @@ def succeeded(scores: dict[str, float], match_threshold: float = MATCH_THRESHOLD
 
 def task_result(traj: Trajectory, scores: dict[str, float], success_threshold: float = MATCH_THRESHOLD, seconds: float = 0.0) -> TaskResult:
     """Summarise a scored trajectory; `success` is `succeeded(scores, success_threshold)` (the
-    threshold applies only to scores without per-check verdicts). The mean alignment is partial
-    credit, never success."""
+    threshold applies only to scores without per-check verdicts; mean alignment is never success)."""
     calls = [
         ToolCallRecord(t.call.name, t.status == "ok", t.error_code, t.tool_s)
         for t in traj.turns
@@ -231,10 +229,9 @@ def task_score(scores: dict[str, float], key: str) -> float:
 
 
 def paired_difference(before: Iterable[dict[str, float]], after: Iterable[dict[str, float]], key: str = "hybrid") -> dict[str, float]:
-    """`after - before` of one per-task score (`task_score`), paired task by task (the i-th of
-    each is the same task): `n`, `mean_diff`, its standard error `se` (sample sd / sqrt n; 0 below
-    two tasks), `wins` and `losses` (tasks that moved up or down). Refuses sequences of different
-    lengths: they cannot be the same tasks."""
+    """`after - before` of one per-task score (`task_score`), the i-th of each being the same task:
+    `n`, `mean_diff`, its standard error `se` (sample sd / sqrt n; 0 below two tasks), `wins` and
+    `losses` (tasks that moved up or down). Sequences of different lengths raise ValueError."""
     before, after = list(before), list(after)
     if len(before) != len(after):
         raise ValueError(f"paired scores need the same tasks: {len(before)} before, {len(after)} after")

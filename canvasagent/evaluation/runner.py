@@ -50,15 +50,12 @@ class EvalConfig:
     success_threshold: float = 0.5
     resume: bool = True
     guard: GuardConfig = field(default_factory=GuardConfig)
-    # Episodes per task (a sampling policy); the task's scores are their means.
-    samples: int = 1
+    samples: int = 1  # episodes per task (a sampling policy); the task's scores are their means
     # Seeds torch's RNG once for the run (a sampling HF policy draws from it) and runs tasks one
     # at a time in order, so the same seed gives the same episodes. None: unseeded, concurrent.
     seed: int | None = None
-    # False for checkpoints trained with the tool block in the chat template (the training layout).
-    tools_in_system_prompt: bool = True
-    # The training layout: a reply without a tool call ends the episode, as it ends a GRPO rollout.
-    end_without_call: bool = False
+    tools_in_system_prompt: bool = True  # False: the tool block is in the chat template (training layout)
+    end_without_call: bool = False  # training layout: a reply without a tool call ends the episode
     # The image-context budget (canvasagent.core.image_budget): the policy sees the last N tool images,
     # older ones as their asset-ID text; None: every image. Match the checkpoint's training setting.
     image_budget: int | None = None
@@ -87,8 +84,7 @@ class _CancellablePolicy(GuardedPolicy):
 class EvalRunner:
     def __init__(self, policy_factory: Any, scorer: Scorer, out_dir: str | Path, config: EvalConfig | None = None,
                  toolbox: Any = None):
-        """`toolbox`: one the caller owns and closes (e.g. a training env's), used by every worker
-        instead of one per worker from `config.tools`."""
+        """`toolbox`: one the caller owns and closes, used by every worker instead of `config.tools`."""
         self.factory = policy_factory
         self.shared_toolbox = toolbox
         self.scorer = scorer

@@ -1,13 +1,11 @@
-"""The one bridge from a trajectory to the reward package, used by GRPO, evaluation, the pipeline
-and the ablation grid.
+"""The one bridge from a trajectory to the reward package (GRPO, evaluation, pipeline, ablations).
 
 A `HybridScorer` is a callable `trajectory -> dict[str, float]` in the reward vocabulary
-(`rewards.hybrid`): `hybrid` is the total, `align`, `aes`, `traj`, `rule` its components, and
-`<component>/<term>` their sub-terms; a scorer's dict always holds `hybrid`. The EASEL scorer
-(`easel_scorer`) adds `easel_s` (the final canvas's S) and the rule reward's `format` and
-`action` terms. `weights` maps the components GRPO optimises to their weights, so that
-Σ weight·component is `hybrid` (or `hybrid` itself carries weight 1 where the total is not a
-weighted sum). No caller computes a reward itself.
+(`rewards.hybrid`): `hybrid` is the total (always present), `align`, `aes`, `traj`, `rule` its
+components, and `<component>/<term>` their sub-terms. The EASEL scorer (`easel_scorer`) adds
+`easel_s` (the final canvas's S) and the rule reward's `format` and `action` terms. `weights`
+maps the components GRPO optimises to their weights, so that Σ weight·component is `hybrid` (or
+`hybrid` itself carries weight 1 where the total is not a weighted sum).
 """
 
 from __future__ import annotations
@@ -38,10 +36,9 @@ class ScorerUnavailable(RuntimeError):
 class HybridScorer:
     """Scores a trajectory into named components and their total `hybrid`.
 
-    `weights`: component -> weight of GRPO's reward (one TRL function per key). `source` names
-    the scorer in reports. `max_fallback_share` and `on_excess_fallbacks` (drop | abort) come
-    from the preset's judges config: what GRPO does when too many of a step's rollouts were
-    scored by a judge fallback.
+    `weights`: component -> weight of GRPO's reward (one TRL function per key); `source` names the
+    scorer in reports; `max_fallback_share` and `on_excess_fallbacks` (drop | abort), from the
+    preset's judges config, say what GRPO does when too many of a step's rollouts fell back.
     """
 
     weights: dict[str, float]
@@ -82,9 +79,8 @@ def make_scorer(preset: str = "paper", judge: str = "offline", toolbox: Any = No
     `toolbox` is lent to judges that run tools. `judge_model` is the local judge's checkpoint or
     the HTTP judge's model name, `judge_url` the HTTP judge's base URL; unset, they come from the
     preset (and its environment variables). `every_judge=False` (training) skips judges whose
-    weight is 0; True (evaluation reports) scores every component. Raises ValueError for an
-    unknown judge kind and `ScorerUnavailable` for a missing preset or a local judge without a
-    checkpoint.
+    weight is 0; True (evaluation reports) scores every component. Raises ValueError for an unknown
+    judge kind, `ScorerUnavailable` for a missing preset or a local judge without a checkpoint.
     """
     if judge not in JUDGES:
         raise ValueError(f"unknown judge {judge!r}; use one of {', '.join(JUDGES)}")

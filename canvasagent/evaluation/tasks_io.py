@@ -133,8 +133,7 @@ def _canvascraft_tasks(p: Path, split: str) -> list[Task] | None:
 def load_tasks(
     path: str | Path, limit: int | None = None, split: str = "eval", allowed_roots: Iterable[str | Path] | None = None
 ) -> list[Task]:
-    """Tasks of a split (see the module docstring); image paths must stay inside `allowed_roots`
-    (default: the folder of the file that names them)."""
+    """Tasks of a split (see the module docstring); image paths must stay inside `allowed_roots`."""
     p = Path(path)
     if not p.exists():
         raise TaskLoadError(f"task split {p} does not exist")

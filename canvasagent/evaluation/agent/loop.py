@@ -78,7 +78,6 @@ class EvaluationAgent:
         self.config = config
         self.out = Path(out_dir) if out_dir is not None else None
 
-    # -- the loop ------------------------------------------------------------------------------------
     def run(self, question: str, fixed_grid: bool = False) -> AgentResult:
         """Answer `question`. `fixed_grid` replaces the adaptive search by the fixed grid (every
         grid value of the axis, or `set_max` probes per setting) in one round: the baseline the
@@ -183,7 +182,6 @@ class EvaluationAgent:
                 case.expected.save(d / "expected.png")
         return Evidence(pid, dict(cond), value, dict(case.truth), metrics, bool(passed), saved_out, inputs, out.error), fatal
 
-    # -- outputs -------------------------------------------------------------------------------------
     def _save_rounds(self, question: str, plan: Plan, rounds: list[Round]) -> None:
         if self.out is None:
             return

@@ -3,11 +3,10 @@
 `OfflinePlanner` parses the question against the registry's vocabulary (`vocab.py`) and follows
 the search (`search.py`): the ends of the asked range, then bisection at the boundary.
 
-`LLMPlanner` asks an OpenAI-compatible chat model (through `canvasagent.core.llm_client`) for the
-plan and for each round's axis values, as JSON. Its replies are checked against the same
-vocabulary and axis limits; a reply that does not check out is replaced by the offline
-planner's choice for that step and the fallback is recorded (`source`). It cannot stop early:
-a stop is honoured only when the measured evidence is settled. The answer and boundary always
+`LLMPlanner` asks an OpenAI-compatible chat model (`canvasagent.core.llm_client`) for the plan
+and each round's axis values, as JSON. A reply that fails the same vocabulary and axis checks is
+replaced by the offline planner's choice for that step, and the fallback is recorded (`source`).
+A stop is honoured only when the measured evidence is settled. The answer and boundary always
 come from the measurements; the model's summary prose is followed by the measured summary.
 """
 

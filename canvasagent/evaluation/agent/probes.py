@@ -5,8 +5,6 @@ into a `Case`: the input images, the tool arguments (or, for a policy, the task 
 and the ground truth the output is measured against. `measure(case, output)` returns numbers
 and a pass/fail that follows from them alone; no suite looks at anything but pixels and text.
 
-Suites and what they measure:
-
 * `legibility` (OCR): a word rendered with DejaVuSans at a given cap height, rotation and
   foreground/background colour; OCR's reading is compared with the word (character accuracy).
 * `overlay_text` (Overlayer): the word is asked for at a position on a plain canvas; OCR must
@@ -39,8 +37,6 @@ from PIL import Image, ImageDraw, ImageFilter
 
 from rewards.checks import box_iou
 from toolserver.fonts import dejavu_sans
-
-# ------------------------------------------------------------------------------------ records
 
 
 @dataclass
@@ -98,8 +94,6 @@ class Suite:
     axes: dict[str, Axis] = field(default_factory=dict)
     needs_ocr: bool = False  # the measurement itself calls OCR
 
-
-# ------------------------------------------------------------------------------------ helpers
 
 COLOURS: dict[str, tuple[int, int, int]] = {
     "black": (0, 0, 0), "white": (255, 255, 255), "navy": (20, 24, 60), "red": (200, 30, 30),
@@ -238,9 +232,6 @@ def _scene(kind: str, w: int, h: int, rng: random.Random) -> Image.Image:
     return natural_image(w, h, rng) if kind == "natural" else asymmetric_image(w, h, rng)
 
 
-# ------------------------------------------------------------------------------- legibility
-
-
 def _make_legibility(cond: dict[str, Any], index: int, settings: dict[str, Any]) -> Case:
     word = _word(settings, index, f"leg{cond}")
     height = int(round(cond.get("text_height", 16)))
@@ -273,9 +264,6 @@ def _measure_legibility(case: Case, out: Output, settings: dict[str, Any]) -> tu
     case.truth["read"] = line
     exact = float(norm_text(line) == norm_text(case.truth["word"]))
     return {"char_accuracy": round(acc, 3), "exact": exact}, acc >= float(settings.get("min_char_accuracy", 1.0))
-
-
-# ----------------------------------------------------------------------------- overlay_text
 
 
 def _make_overlay(cond: dict[str, Any], index: int, settings: dict[str, Any]) -> Case:
@@ -338,9 +326,6 @@ def _measure_overlay(case: Case, out: Output, settings: dict[str, Any]) -> tuple
     return metrics, ok
 
 
-# ----------------------------------------------------------------------------------- mirror
-
-
 def _make_mirror(cond: dict[str, Any], index: int, settings: dict[str, Any]) -> Case:
     rng = _rng(settings, index, "mirror")
     kind = ("natural", "asymmetric")[index % 2]
@@ -359,9 +344,6 @@ def _measure_exact(case: Case, out: Output, settings: dict[str, Any]) -> tuple[d
     d = mad(out.image, case.expected)
     src = mad(out.image, case.images[0])
     return {"mad_vs_expected": round(d, 3), "mad_vs_input": round(src, 3), "size_ok": float(out.image.size == case.expected.size)}, d <= float(settings.get("max_mad", 2.0))
-
-
-# --------------------------------------------------------------------------------- rotation
 
 
 def _turn(img: Image.Image, angle: int, direction: str) -> Image.Image:
@@ -399,9 +381,6 @@ def _measure_rotation(case: Case, out: Output, settings: dict[str, Any]) -> tupl
     if case.truth.get("either_direction"):  # the question is whether the content survives, not the direction
         best = min(best, metrics["mad_vs_other_direction"])
     return metrics, best <= limit
-
-
-# ------------------------------------------------------------------------------ crop_region
 
 
 def _make_crop(cond: dict[str, Any], index: int, settings: dict[str, Any]) -> Case:
@@ -445,9 +424,6 @@ def _measure_crop(case: Case, out: Output, settings: dict[str, Any]) -> tuple[di
     return {"iou": round(iou, 4), "size_error_px": float(size_err)}, iou >= float(settings.get("min_iou", 0.9)) and size_err <= 2
 
 
-# ----------------------------------------------------------------------------------- upscale
-
-
 def _make_upscale(cond: dict[str, Any], index: int, settings: dict[str, Any]) -> Case:
     rng = _rng(settings, index, "sr")
     scale = int(cond.get("scale", 4))
@@ -478,9 +454,6 @@ def _measure_upscale(case: Case, out: Output, settings: dict[str, Any]) -> tuple
     return metrics, ok
 
 
-# --------------------------------------------------------------------------------- grounding
-
-
 def _make_grounding(cond: dict[str, Any], index: int, settings: dict[str, Any]) -> Case:
     case = _make_crop(cond, index, settings)
     x0, y0, x1, y1 = case.truth["shape_box_px"]
@@ -500,9 +473,6 @@ def _measure_grounding(case: Case, out: Output, settings: dict[str, Any]) -> tup
     return {"iou": round(iou, 4)}, iou >= float(settings.get("min_iou", 0.5))
 
 
-# --------------------------------------------------------------------------- generation_text
-
-
 def _make_generation(cond: dict[str, Any], index: int, settings: dict[str, Any]) -> Case:
     word = _word(settings, index, "gen")
     templates = settings.get("prompts") or ["A shop poster with the single word {w} in large letters",
@@ -518,8 +488,6 @@ def _measure_generation(case: Case, out: Output, settings: dict[str, Any]) -> tu
     acc = read[3]
     return {"char_accuracy": round(acc, 3)}, acc >= float(settings.get("min_char_accuracy", 1.0))
 
-
-# ------------------------------------------------------------------------------------ catalogue
 
 TEXT_HEIGHT = Axis("text_height", 2, 64, "higher", "px", 1, (2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 48), "reads text")
 CONTRAST = Axis("contrast", 1, 255, "higher", "grey levels", 1, (1, 2, 3, 5, 8, 12, 20, 32, 64, 128, 200, 255), "reads text with a luminance difference")

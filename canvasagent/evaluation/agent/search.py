@@ -62,9 +62,6 @@ def _fmt(v: float) -> str:
     return f"{v:g}"
 
 
-# ----------------------------------------------------------------------------------- axis
-
-
 def axis_decision(axis: Axis, asked: list[float] | None, evidence: list[Evidence], cfg: SearchConfig) -> Decision:
     sign = 1.0 if axis.easier == "higher" else -1.0
     lo, hi = (axis.clip(asked[0]), axis.clip(asked[1])) if asked else (axis.lo, axis.hi)
@@ -152,9 +149,6 @@ def axis_decision(axis: Axis, asked: list[float] | None, evidence: list[Evidence
     if v in by:
         return Decision(answer, boundary, [], True, "the answer is settled; the axis has no untested value beyond the asked range", table)
     return Decision(answer, boundary, [{"value": v}], False, f"the answer is settled; probe {_fmt(v)}{unit} to bracket the boundary", table)
-
-
-# ------------------------------------------------------------------------------------ sets
 
 
 def _stratum_name(s: dict[str, Any]) -> str:

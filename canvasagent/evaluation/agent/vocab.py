@@ -103,7 +103,6 @@ def parse_question(question: str, target: str, cfg: dict[str, Any]) -> Plan:
     terms = cfg.get("terms", {})
     notes: list[str] = []
 
-    # --- conditions -----------------------------------------------------------------------------
     cond: dict[str, Any] = {}
     m = _PX.search(q)
     px_range = None
@@ -135,7 +134,6 @@ def parse_question(question: str, target: str, cfg: dict[str, Any]) -> Plan:
     scale = _SCALE.search(q)
     pos = _POS.search(q)
 
-    # --- per property ---------------------------------------------------------------------------
     if prop == "legibility":
         if rotation is not None:
             cond["rotation"] = rotation
