@@ -1,7 +1,5 @@
 """Rewards: every score the system uses, with the paper's formulas (section 3.3) as the default.
 
-Modules:
-
 * `rewards.rule` — R_rule = 0.4·R_format + 0.6·R_action − λ·P_eff, from the trajectory's parser
   findings and the validator replayed over the asset state (Eq. 6). ~thousands of trajectories/s.
 * `rewards.judges` — one `Judge` interface; `offline` (verifiable checks, a no-reference

@@ -1,9 +1,8 @@
 """Verifiable alignment checks: the vocabulary tasks carry in `Task.checks`, and their evaluators.
 
-The offline alignment judge scores a trajectory by running the checks its task declares. The
-CanvasCraft RL builder emits them (it knows what the chain it executed must produce), and a
-user can write them by hand. Each check is a JSON-able dict with a `type`, an optional `weight`
-(default 1.0) and the type-specific fields below.
+The offline alignment judge runs the checks a task declares; the CanvasCraft RL builder emits
+them and a user can write them by hand. Each check is a JSON-able dict with a `type`, an
+optional `weight` (default 1.0) and the type-specific fields below.
 
 Every check is *calibrated against doing nothing*: its score says what the trajectory achieved
 compared with leaving the input as it was (the `baseline`, by default `img_1`). A no-op, a wrong
@@ -117,12 +116,11 @@ class CheckContext:
 
 
 class _ToolAnswers:
-    """Successful judge-side tool answers by image content, per toolbox, shared by every check
-    context.
+    """Successful judge-side tool answers by image content, per toolbox, shared by every context.
 
-    GRPO scores n rollouts of one task, and each calibrated check reads the same baseline input
-    (and often the same final image) with the same tool; an OCR call costs ~0.1-0.5 s on a CPU.
-    Failures are not kept, so a toolbox that comes back is asked again.
+    GRPO's n rollouts of a task read the same baseline (often the same final image) with the same
+    tool, and an OCR call costs ~0.1-0.5 s on a CPU. Failures are not kept, so a toolbox that
+    comes back is asked again.
     """
 
     def __init__(self, size: int = 512):
@@ -163,9 +161,6 @@ _TOOL_ANSWERS = _ToolAnswers()
 
 class CheckError(ValueError):
     """A malformed check: reported as unverifiable, never raised to the caller."""
-
-
-# -- helpers ----------------------------------------------------------------------------------
 
 
 def _asset_image(ctx: CheckContext, asset_id: Any) -> Image.Image:
@@ -273,9 +268,6 @@ def _tool_answer(ctx: CheckContext, tool: str, args: dict[str, Any], image: Imag
     return res
 
 
-# -- evaluators -------------------------------------------------------------------------------
-
-
 def calibrated(value: float, baseline: float) -> float | None:
     """What a result achieved over doing nothing, on [0, 1]: 0 at the baseline's value, 1 at a
     perfect result; None when the baseline is already perfect (nothing left to measure)."""
@@ -285,8 +277,7 @@ def calibrated(value: float, baseline: float) -> float | None:
 
 
 def _baseline(ctx: CheckContext, check: dict[str, Any]) -> Image.Image | None:
-    """The image doing nothing leaves: `baseline` (default `img_1`); None if uncalibrated or the
-    task has no input image."""
+    """The `baseline` image (default `img_1`); None if uncalibrated or the task has no input image."""
     b = check.get("baseline", "img_1")
     if b is None:
         return None
@@ -509,8 +500,7 @@ EVALUATORS: dict[str, Callable[[CheckContext, dict[str, Any], Image.Image], Chec
     "differs_from": _differs_from,
 }
 CHECK_TYPES = tuple(EVALUATORS)
-# Checks of what the trajectory answered rather than of its final image.
-_NO_IMAGE_NEEDED = frozenset({"answer_contains", "easel_reconstruction"})
+_NO_IMAGE_NEEDED = frozenset({"answer_contains", "easel_reconstruction"})  # they need no final image
 
 
 def run_check(ctx: CheckContext, check: Any) -> CheckResult:

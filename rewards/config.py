@@ -15,9 +15,6 @@ from typing import Any
 from toolserver.config import find_config, from_dict, load_yaml
 
 
-# -- rule reward ------------------------------------------------------------------------------
-
-
 @dataclass
 class FormatWeights:
     """Weights of the paper's five format checks (paper: equal; public code: 0.25/0.30/0.20/0.15/0.10)."""
@@ -27,8 +24,7 @@ class FormatWeights:
     one_call: float = 0.2
     terminate: float = 0.2
     clean: float = 0.2
-    # A trajectory whose turns carry no reply text (calls made through `Episode.call_tool`)
-    # cannot be format-checked; it gets this score, and the reason is logged.
+    # Score of a trajectory with no reply text to format-check (calls via `Episode.call_tool`); logged.
     unobserved_score: float = 0.0
 
 
@@ -41,8 +37,7 @@ class ActionWeights:
     ref: float = 0.20
     spec: float = 0.20
     exec: float = 0.10
-    # R_action when the trajectory has no parsed call at all (the mean over zero calls is undefined).
-    no_calls_score: float = 0.0
+    no_calls_score: float = 0.0  # R_action with no parsed call (the mean over zero calls is undefined)
 
 
 @dataclass
@@ -96,8 +91,7 @@ class CostPenalty(PenaltyTerm):
 
 @dataclass
 class MissPenalty(PenaltyTerm):
-    """Amount: the fraction of distinct expected tools that never ran (successfully, with
-    `require_success`)."""
+    """Amount: the fraction of distinct expected tools that never ran (successfully: `require_success`)."""
 
     scale: float = 0.15
     cap: float = 0.15
@@ -121,11 +115,7 @@ class RuleConfig:
     format: FormatWeights = field(default_factory=FormatWeights)
     action: ActionWeights = field(default_factory=ActionWeights)
     penalties: PenaltyConfig = field(default_factory=PenaltyConfig)
-    # Clip R_rule to [0, 1] (the unclipped value is still reported as rule/raw).
-    clip: bool = True
-
-
-# -- judges -----------------------------------------------------------------------------------
+    clip: bool = True  # clip R_rule to [0, 1]; the unclipped value is reported as rule/raw
 
 
 @dataclass
@@ -196,8 +186,7 @@ class OfflineJudgeConfig:
 class JudgeConfig:
     kind: str = "offline"  # offline | http | local
     fallback_score: float = 0.3  # used, counted and logged whenever a judge cannot score
-    # A model judge's alignment = checks_weight · verifiable checks + (1 − checks_weight) · model.
-    checks_weight: float = 0.5
+    checks_weight: float = 0.5  # a model judge's alignment = w · verifiable checks + (1 − w) · model
     model_pass_threshold: float = 0.7  # success by the model's score, for tasks without a check
     # Past this share of a GRPO step's rollouts with a judge fallback, `on_excess_fallbacks`
     # applies: "drop" gives those rollouts zero advantage, "abort" stops the run.
@@ -208,9 +197,6 @@ class JudgeConfig:
     http: HttpJudgeConfig = field(default_factory=HttpJudgeConfig)
     local: LocalJudgeConfig = field(default_factory=LocalJudgeConfig)
     offline: OfflineJudgeConfig = field(default_factory=OfflineJudgeConfig)
-
-
-# -- hybrid -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -245,9 +231,8 @@ class RewardConfig:
     name: str = "paper"
     mode: str = "paper"  # paper | public_code
     weights: HybridWeights = field(default_factory=HybridWeights)
-    # "alignment": where the task has an input image, the aesthetic term is the quality proxy
-    # times the alignment score, so a no-op or a wrong edit of a good photo earns no aesthetics.
-    # "none": the raw quality of the final image.
+    # "alignment": with an input image, aesthetics = quality proxy × alignment, so a no-op or a
+    # wrong edit of a good photo earns none. "none": the raw quality of the final image.
     aes_gate: str = "alignment"
     rule: RuleConfig = field(default_factory=RuleConfig)
     judges: JudgeConfig = field(default_factory=JudgeConfig)

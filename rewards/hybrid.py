@@ -4,13 +4,10 @@
                        E = quality(final) · A where the task has an input image (`aes_gate`)
     public_code mode:  see `PublicCodeConfig` (weights, coverage/depth bonuses, fatal gate)
 
-`HybridReward.score(traj)` returns one flat `dict[str, float]` in the reward vocabulary:
-`hybrid` (the total, `HYBRID`), the four components (`COMPONENTS`),
-and every sub-term (`rule/format/json`, `rule/p_eff/repeat`, `aes/sharpness`, `align/fallback`,
-...), ready for a logger. `score_many` scores a batch with the judges running concurrently.
-
-GRPO's TRL reward functions are built from it by `canvasagent.training.rewarding` (through the
-scorer bridge `canvasagent.evaluation.scoring`).
+`HybridReward.score(traj)` returns one flat `dict[str, float]` in the reward vocabulary: `hybrid`
+(the total, `HYBRID`), the four components (`COMPONENTS`) and every sub-term (`rule/format/json`,
+`rule/p_eff/repeat`, `aes/sharpness`, `align/fallback`, ...), ready for a logger. `score_many`
+scores a batch with the judges running concurrently.
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ log = logging.getLogger(__name__)
 # components are the paper's R_align, R_aes, R_traj and R_rule; sub-terms are `<component>/<term>`.
 HYBRID = "hybrid"
 COMPONENTS = ("align", "aes", "traj", "rule")
-# Names older result files use for the total; `canonical_scores` reads them as `hybrid`.
-LEGACY_TOTALS = ("total", "overall")
+LEGACY_TOTALS = ("total", "overall")  # the total's names in older result files
 
 
 def canonical_scores(scores: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +80,6 @@ class HybridReward:
             cfg.judges.kind = judge
         return cls(cfg, toolbox=toolbox, **kw)
 
-    # -- weights -----------------------------------------------------------------------------
     @property
     def weights(self) -> dict[str, float]:
         """Component -> weight such that Σ weight·component = `hybrid`. Public-code mode is not a
@@ -105,7 +100,6 @@ class HybridReward:
     def _aspects(self) -> list[str]:
         return [a for a, c in COMPONENT_OF.items() if self.judge_unweighted or self.weight(c) != 0.0]
 
-    # -- scoring ----------------------------------------------------------------------------
     def score(self, traj: Trajectory) -> dict[str, float]:
         return self.score_many([traj])[0]
 
@@ -155,8 +149,7 @@ class HybridReward:
             for k, v in r.details.items():
                 flat[f"{c}/{k}"] = _finite(float(v)) if isinstance(v, (int, float)) else 0.0
         if self.cfg.aes_gate == "alignment" and traj.task.images and judged.get("aes") is not None and judged.get("align") is not None:
-            # A good photo left alone (or mirrored by mistake) keeps its quality; only an edit
-            # that did what was asked earns it.
+            # A good photo left alone (or mirrored by mistake) keeps its quality; only a correct edit earns it.
             flat["aes/raw"] = comp["aes"]
             comp["aes"] *= comp["align"]
         comp["rule"] = _finite(rule.r_rule)
@@ -213,7 +206,7 @@ class HybridReward:
             "public/gate": gate,
         }
 
-    # -- memo (TRL calls every component function on the same batch) --------------------------
+    # Memo: TRL calls every component function on the same batch.
     @staticmethod
     def _fingerprint(t: Trajectory) -> tuple:
         return (len(t.turns), t.stop_reason, len(t.assets))

@@ -9,11 +9,11 @@ Inputs, and why nothing is parsed or validated twice:
 
 * R_format reads the typed `Finding`s the protocol parser stored on each `Turn`; each finding
   maps to one of the paper's five checks through `Finding.check`.
-* q_i is scored by replaying the asset state: we start from the task's inputs, re-run the one
-  validator (`toolserver.validation.validate_call`) for each call against A_{i−1}, and add the
-  output ID only after a call that really succeeded. Replaying (rather than trusting the
-  stored `Turn.check`) makes the score independent of how the trajectory was recorded; any
-  disagreement with the stored check is counted as `rule/replay_mismatch`.
+* q_i is scored by replaying the asset state from the task's inputs: the one validator
+  (`toolserver.validation.validate_call`) re-runs each call against A_{i−1}, and an output ID is
+  added only after a call that really succeeded. Replaying (not trusting the stored `Turn.check`)
+  makes the score independent of how the trajectory was recorded; disagreements with the stored
+  check are counted as `rule/replay_mismatch`.
 * A reply the runner refused (two calls in a turn, say) is re-read with the same parser,
   `parse_reply`, so its calls are still scored, with exec = 0.
 
@@ -60,13 +60,9 @@ def estimate_tokens(text: str | None) -> int:
     if not text:
         return 0
     if text.isascii():
-        # Same count as the regex for ASCII text, with C-speed string methods: words split on
-        # whitespace and punctuation, plus one per punctuation mark.
+        # The regex's count, with C-speed string methods: words plus one per punctuation mark.
         return len(text.translate(_PUNCT_TO_SPACE).split()) + len(text) - len(text.translate(_DROP_PUNCT))
     return len(_TOKEN_RE.findall(text))
-
-
-# -- asset-state replay (Eq. 6) ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -117,9 +113,6 @@ class ReplayAssets:
         self._ids.append(aid)
         self._set.add(aid)
         return aid
-
-
-# -- results ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -199,9 +192,6 @@ class RuleBreakdown:
         return {**self.to_flat(), "calls": [c.to_dict() for c in self.calls], "amounts": self.amounts, "reasons": self.reasons}
 
 
-# -- scoring ----------------------------------------------------------------------------------
-
-
 def _canonical(value: Any) -> str:
     with suppress(TypeError, ValueError):
         return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
@@ -269,8 +259,7 @@ def _turn_calls(turn: Turn) -> list[tuple[ToolCall, bool, bool]]:
     if turn.call is not None:
         return [(turn.call, turn.status == "ok", True)]
     if turn.n_calls > 0 and turn.reply:
-        # The runner refused the whole reply (e.g. two calls): the parser still recovers the
-        # calls it could decode, and each is scored as not executed.
+        # The runner refused the whole reply (e.g. two calls): score what the parser recovers, unexecuted.
         return [(c, False, False) for c in parse_reply(turn.reply).calls]
     return []
 
@@ -385,7 +374,6 @@ def _score_rule(traj: Trajectory, cfg: RuleConfig) -> RuleBreakdown:
         terms = {t: 0.0 for t in ACTION_TERMS}
         reasons.append("no_tool_call")
 
-    # -- P_eff ----------------------------------------------------------------------------------
     pc = cfg.penalties
     exact = near = 0
     for prev, cur in zip(calls, calls[1:]):

@@ -28,8 +28,7 @@ from canvasagent.core.trajectory import Trajectory
 log = logging.getLogger(__name__)
 
 ASPECTS: tuple[str, ...] = ("alignment", "aesthetic", "trajectory")
-# Flat-dict component name of each aspect (the paper's R_align, R_aes, R_traj).
-COMPONENT_OF = {"alignment": "align", "aesthetic": "aes", "trajectory": "traj"}
+COMPONENT_OF = {"alignment": "align", "aesthetic": "aes", "trajectory": "traj"}  # R_align, R_aes, R_traj
 
 
 @dataclass
@@ -53,9 +52,6 @@ def clamp01(x: Any) -> float:
     except (TypeError, ValueError):
         return 0.0
     return min(1.0, max(0.0, v)) if math.isfinite(v) else 0.0
-
-
-# -- what a judge sees ------------------------------------------------------------------------
 
 
 @dataclass
@@ -125,8 +121,7 @@ class TrajectoryView:
             for img in self.inputs:
                 _hash_image(h, img)
             h.update(json.dumps(self.trajectory.task.checks, sort_keys=True, default=str).encode())
-            # Checks may read what the tools answered (answer_contains) or the outcome an
-            # environment recorded (easel_reconstruction), not only the final image.
+            # Checks may also read tool answers (answer_contains) or a recorded outcome (easel_reconstruction).
             h.update(json.dumps([(t.call.name if t.call else None, t.status, t.observation) for t in self.trajectory.turns],
                                 default=str).encode("utf-8", "surrogatepass"))
             h.update(json.dumps(self.trajectory.meta.get("easel"), sort_keys=True, default=str).encode())
@@ -144,9 +139,8 @@ class TrajectoryView:
         return self._hashes[aspect]
 
 
-# Digests of recently hashed images, by object identity. GRPO's n rollouts of a task share the
-# input image objects, and one trajectory's final image is read by two aspects, so each image
-# is hashed once. The weak reference guards against a recycled id().
+# Digests of recent images by object identity: GRPO's rollouts share input images and two aspects
+# read each final image, so each is hashed once. The weak reference guards against a recycled id().
 _DIGESTS: "OrderedDict[int, tuple[weakref.ref, bytes]]" = OrderedDict()
 _DIGESTS_MAX = 4096
 _DIGESTS_LOCK = threading.Lock()
@@ -174,9 +168,6 @@ def image_digest(img: Image.Image) -> bytes:
 
 def _hash_image(h: "hashlib._Hash", img: Image.Image | None) -> None:
     h.update(b"<none>" if img is None else image_digest(img))
-
-
-# -- the interface ----------------------------------------------------------------------------
 
 
 @runtime_checkable
@@ -214,8 +205,6 @@ class FallbackCounter:
             out.update({f"judge/{a}/fallbacks": float(n) for a, n in self.fallbacks.items()})
         return out
 
-
-# -- reply parsing shared by the model judges ----------------------------------------------------
 
 _JSON_OBJ = re.compile(r"\{[^{}]*\}", re.DOTALL)
 _SCORE_RE = re.compile(r"\bscore\b[\"']?\s*(?:is|=|:)\s*[\"']?(-?\d+(?:\.\d+)?)", re.IGNORECASE)

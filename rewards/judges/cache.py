@@ -1,11 +1,9 @@
 """A content-hash cache and a bounded concurrent pool around any judge.
 
-GRPO samples n rollouts per task, and a judged aspect often reads identical content (the same
-final image from two rollouts, the same trajectory re-scored for another component), so the
-cache key is the hash of what the judge reads plus the judge's fingerprint, and a repeat call
-is free. HTTP judges spend their time waiting on the network, so a batch's calls (a GRPO step's
-rollouts times their aspects) run in a thread pool whose size, `judges.max_workers`, bounds the
-load on the judge endpoint.
+GRPO's rollouts often show a judge identical content, so the cache key is the hash of what the
+judge reads plus the judge's fingerprint, and a repeat call is free. HTTP judges mostly wait on
+the network, so a batch's calls run in a thread pool of `judges.max_workers` threads, which also
+bounds the load on the judge endpoint.
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ class CachedJudge:
     def fingerprint(self) -> str:
         return self.inner.fingerprint()
 
-    # -- one call ---------------------------------------------------------------------------------
     def _key(self, aspect: str, view: TrajectoryView) -> str | None:
         try:
             return f"{self.inner.fingerprint()}|{view.content_hash(aspect)}"
@@ -88,7 +85,6 @@ class CachedJudge:
         self.counter.record(aspect, result, self.name)
         return result
 
-    # -- many calls -------------------------------------------------------------------------------
     def judge_many(self, jobs: Iterable[tuple[str, TrajectoryView]]) -> list[JudgeResult]:
         """`judge` of every job, in order, at most `max_workers` at a time (1: one after another).
 

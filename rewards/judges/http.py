@@ -2,10 +2,9 @@
 
 Configuration comes from `HttpJudgeConfig`, with environment overrides for the secrets and the
 place (`CANVASAGENT_JUDGE_API_KEY`, `_BASE_URL`, `_MODEL`). Images travel as PNG data URLs.
-Transport errors, 429 and 5xx are retried with exponential backoff and jitter; a reply that
-holds no usable score is retried once more as well (models occasionally ramble). When all
-attempts fail, the judge returns the configured fallback with `fallback=True` and the reason;
-`CachedJudge` counts and logs it.
+Transport errors, 429 and 5xx are retried with exponential backoff and jitter; a reply without
+a usable score gets one more try (models occasionally ramble). When all attempts fail, the judge
+returns the configured fallback (`fallback=True`, with the reason); `CachedJudge` counts it.
 """
 
 from __future__ import annotations
@@ -65,8 +64,6 @@ class HttpJudge:
         messages = self._messages(aspect, view)
         last = "no attempt"
         attempts = 0
-        # Transport failures are retried inside the client; a reply without a usable score gets
-        # one more try here, because models occasionally ramble.
         for attempt in range(2):
             try:
                 text = self._chat.complete(messages, temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens)

@@ -1,8 +1,7 @@
 """A judge run in-process by a Qwen-VL-family checkpoint through transformers.
 
-The model and processor come from the shared loaders (`canvasagent.core.models.load_policy` /
-`load_processor`), so any checkpoint the policy code can load — the tiny offline Qwen3-VL, a
-released Qwen3-VL, a fine-tuned judge — works here. Two scoring modes:
+The model and processor come from the shared loaders (`canvasagent.core.models.load_policy`,
+`load_processor`), so any checkpoint the policy code can load works here. Two scoring modes:
 
 * `logits` (default): the prompt asks for a 0-9 score and ends with `{"score": `; we read the
   next-token distribution over the digit tokens 0-9 and the score is its expectation / 9. It

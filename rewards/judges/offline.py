@@ -14,12 +14,10 @@
     the content is an RGBA input) is satisfied when an earlier successful call produced that
     kind; with no input image, the first call must be one that needs no image and makes one;
   - *relevance*: the fraction of calls whose tool is in the expected set;
-  - *flow*: when the task carries its reference solution (`meta["reference_calls"]`), the
-    fraction of the reference's asset arguments that the matching successful call (same tool,
-    same occurrence) passed the same asset ID; a reference call that never ran matches none. It
-    sees a chain step applied to the input instead of the previous step's output, which tool
-    names and order cannot. It follows the reference's data flow, so a valid alternative flow
-    scores lower; its weight is 0 in `paper`, where it is reported only.
+  - *flow*: with the task's reference solution (`meta["reference_calls"]`), the fraction of its
+    asset arguments that the matching successful call (same tool and occurrence) passed the same
+    asset ID; it catches a step applied to the input instead of the previous step's output. A
+    valid alternative flow scores lower, so its weight is 0 in `paper` (reported only).
   Terms that do not apply (no expected set, no dependency rule triggered) drop out of the
   weighted mean; with none left, the score is 1 if any call succeeded, else 0.
 """
@@ -41,8 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def _task_supplies(need: Need, value: Any, assets: Any, inputs: set[str]) -> bool:
-    """Whether the task meets `need` itself: a value the instruction can state, or an input asset
-    of the needed kind passed as `value`."""
+    """Whether the task meets `need` itself: a value the instruction states, or an input asset of the needed kind as `value`."""
     if need.kind in INSTRUCTION_KINDS:
         return True
     return isinstance(value, str) and value in inputs and assets.get(value).kind is need.kind
@@ -58,9 +55,8 @@ def is_asset_id(value: Any, inputs: set[str]) -> bool:
 
 def reference_arguments(calls: list[Any], reference: list[dict[str, Any]]) -> Iterator[tuple[str, str, Any, bool, Any]]:
     """(tool, argument, reference value, ran, passed value) for every argument of every reference
-    call: `ran` says whether the successful call of the same tool and occurrence in `calls`
-    exists, and `passed` is what that call gave the argument (None when it ran without it or did
-    not run). Reference calls without a tool name or an argument object are skipped."""
+    call: `ran` if `calls` has a successful call of the same tool and occurrence, `passed` what it
+    gave the argument (else None). Reference calls without a name or argument object are skipped."""
     done: dict[str, list[dict[str, Any]]] = {}
     for c in calls:
         if c.status == "ok":

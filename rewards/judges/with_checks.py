@@ -1,12 +1,8 @@
 """A model judge (HTTP or local) whose alignment also runs the task's verifiable checks.
 
-A model's opinion of an edit is no reason to forget what can be measured. For the `alignment`
-aspect this judge asks both the model and the offline checks (`rewards.checks`) and returns
-
-    score = checks_weight · checks + (1 − checks_weight) · model
-
-with both parts in `details` (`checks_score`, `judge_score`) and strict success (`passed`) taken from the
-checks alone. A task without a verifiable check is scored by the model alone; it passes when the
+For `alignment`: score = checks_weight · checks (`rewards.checks`) + (1 − checks_weight) · model,
+with both parts in `details` (`checks_score`, `judge_score`) and strict success (`passed`) from the
+checks alone. A task without a verifiable check is scored by the model alone and passes when the
 model's score reaches `model_pass_threshold`. If the model fails, the result is the checks'
 score flagged as a fallback, so the outage is counted. Other aspects go to the model unchanged.
 """
