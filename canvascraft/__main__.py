@@ -139,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if not (args.verbose or args.debug):
         quiet_third_party_loggers()
-
     return run_command(args.func, args)
 
 

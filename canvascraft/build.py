@@ -1,11 +1,10 @@
 """Sharded, resumable builds: local processes by default, Ray tasks with `--ray`.
 
-A build is split into shards of consecutive row slots. Every slot draws from its own RNG,
-seeded by (seed, slot, attempt), so a shard's content depends only on the config and its slot
-range, never on which worker ran it or when. Each shard is written atomically (temp file,
-rename) and then recorded in `manifest.json`; a restarted build skips recorded shards and
-rebuilds the rest, which gives no duplicate and no lost row, and the same rows as an
-uninterrupted run.
+A build is split into shards of consecutive row slots. Every slot draws from its own RNG, seeded
+by (seed, slot, attempt), so a shard's content depends only on the config and its slot range,
+never on which worker ran it or when. Each shard is written atomically (temp file, rename), then
+recorded in `manifest.json`; a restarted build skips recorded shards and rebuilds the rest, so
+it has no duplicate or lost row and the same rows as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -114,9 +113,6 @@ def plan_jobs(kind: str, cfg: BuildConfig) -> list[ShardJob]:
             for split, seed, n in splits for i, start in enumerate(range(0, n, cfg.shard_size))]
 
 
-# -- the shard task (runs in a worker process or a Ray task) -----------------------------------
-
-
 def run_shard(kind: str, cfg_dict: dict[str, Any], job: ShardJob, out: str) -> tuple[ShardJob, int, dict[str, Any]]:
     """Build one shard and write it atomically. Plain arguments, so Pool and Ray can ship it."""
     import datasets
@@ -132,9 +128,6 @@ def run_shard(kind: str, cfg_dict: dict[str, Any], job: ShardJob, out: str) -> t
     rows, stats = build_shard(cfg, job)
     write_parquet_atomic(rows, kind, Path(out) / job.file)
     return job, len(rows), stats
-
-
-# -- the driver --------------------------------------------------------------------------------
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
@@ -292,9 +285,8 @@ def _execute_pool(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out
 
 
 def _execute_ray(kind: str, cfg_dict: dict[str, Any], jobs: list[ShardJob], out: str, workers: int = 0):
-    """The same shard tasks as Ray tasks; workers build their own toolbox from `tools_config`, so a
-    config with `client: ray` makes every task call the Ray Serve toolbox. On a cluster, `out`
-    must be a path every node can write (shared storage)."""
+    """The same shard tasks as Ray tasks; workers build their own toolbox from `tools_config` (with
+    `client: ray`, the Ray Serve toolbox). On a cluster, `out` must be shared storage every node can write."""
     import ray
 
     if not ray.is_initialized():
@@ -321,9 +313,8 @@ def shard_files(out: str | Path, kind: str | None = None, split: str | None = No
 
 def read_tasks(out: str | Path, split: str) -> list:
     """The runnable `Task`s of the RL build at `out`, its `split` (train | eval) shards in order:
-    the one reader of a build's tasks (training sources, evaluation splits). Raises
-    FileNotFoundError when `out` holds no manifest, ValueError for an SFT build or a build
-    without `split` shards."""
+    the one reader of a build's tasks. Raises FileNotFoundError when `out` holds no manifest,
+    ValueError for an SFT build or a build without `split` shards."""
     from canvascraft.formats import read_rows  # both load `datasets` (about 2 s)
     from canvascraft.rl import tasks_of
 

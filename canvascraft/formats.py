@@ -100,9 +100,6 @@ def png(image) -> dict[str, Any]:
     return {"bytes": to_png_bytes(image), "path": None}
 
 
-# -- native parquet ----------------------------------------------------------------------------
-
-
 def sft_row(traj: Trajectory, source_meta: list[dict[str, Any]], writer: str) -> dict[str, Any]:
     """A parquet row from a kept trajectory; messages come from the public ShareGPT writer.
 
@@ -171,9 +168,6 @@ def trajectory_of(row: dict[str, Any]) -> Trajectory:
     return Trajectory.from_dict(d, images)
 
 
-# -- public ShareGPT ---------------------------------------------------------------------------
-
-
 def _save_cell(cell: dict[str, Any], out: Path, name: str) -> str:
     """Write an image cell's bytes as they are (no re-encoding) and return its relative path."""
     rel = f"images/{name}.png"
@@ -186,8 +180,7 @@ def _save_cells(cells: list[dict[str, Any]], out: Path, row_id: str) -> list[str
 
 
 def _load_cell(base: Path, rel: str | None) -> dict[str, Any] | None:
-    """The image cell a public record names, read only from inside the record's folder (a path
-    that escapes it is refused with `ImageLoadError`)."""
+    """The image cell a public record names; a path outside the record's folder raises `ImageLoadError`."""
     if not rel:
         return None
     return {"bytes": resolve_path(rel, [base], base).read_bytes(), "path": None}
@@ -275,8 +268,6 @@ def read_sharegpt(path: str | Path) -> list[dict[str, Any]]:
         rows.append(row)
     return rows
 
-
-# -- public RL JSON ----------------------------------------------------------------------------
 
 _RL_EXTRA = ("split", "chain", "reasoning", "length", "diversity", "n_steps", "n_tools", "checks", "reference_calls")
 

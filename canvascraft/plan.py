@@ -4,11 +4,10 @@ The plan is what the paper's pipeline "reverse-engineers" an instruction from: w
 ground, which text to add and where, which angle corrects the scene. It is decided before
 execution, from what is known about the inputs; values that only exist at run time (the boxes
 Grounding returns, the text OCR reads) are left to the executing policy (`canvascraft.sft`).
-A Crop with no Grounding before it crops a region the instruction states (a named region or
-explicit 0-1000 coordinates); a ready RGBA cut-out as the first input stands in for Extract.
-Which variant a step takes (a Crop of a found box or of a stated region; an overlay of a cut-out,
-of OCR's reading or of a caption) follows from the kinds earlier steps produce
-(`ToolSpec.produces`), so a chain that `Chain.from_spec` accepts has every need met.
+Which variant a step takes (a Crop of a found box, or without Grounding of a region the instruction
+states by name or in 0-1000 coordinates; an overlay of a cut-out, of OCR's reading or of a caption)
+follows from the kinds earlier steps produce (`ToolSpec.produces`; a ready RGBA cut-out as the
+first input stands in for Extract), so a chain that `Chain.from_spec` accepts has every need met.
 """
 
 from __future__ import annotations

@@ -68,10 +68,9 @@ REPEATABLE = frozenset({"Grounding", "SAM", "Extract", "Overlayer"})
 
 
 def compose_chain(chains: Any, rng: random.Random, length: str, max_steps: int, diversity: str = "medium") -> Chain | None:
-    """Concatenate sampled templates until the length level is reached (None if overshot).
-
-    A template that needs a ready RGBA cut-out (`needs: [rgba]`) takes it as an input, so it can
-    only open a composition; the composed chain keeps its inputs, needs and name."""
+    """Concatenate sampled templates until the length level is reached (None if overshot). A
+    template that needs a ready RGBA cut-out (`needs: [rgba]`) takes it as an input, so it can only
+    open a composition; the composed chain keeps its inputs, needs and name."""
     lo, hi = _LENGTH_RANGE[length]
     hi = min(hi, max_steps)
     tools: list[str] = []
@@ -162,9 +161,8 @@ def checks_for(plan: Plan, has_reference: bool, ocr_answer: str | None = None, e
     return checks
 
 
-# Model tools that leave the image as it is (OCR answers in text), and model tools that give the
-# same answer for the same input up to numerical noise (CPU Real-ESRGAN; OCR, whose reading a
-# caption may repeat).
+# Model tools that leave the image as it is (OCR answers in text), and model tools whose answer
+# is reproducible up to numerical noise (CPU Real-ESRGAN; OCR, whose reading a caption may repeat).
 IMAGE_NEUTRAL = frozenset({"OCR"})
 REPRODUCIBLE = frozenset({"SR", "OCR"})
 

@@ -37,9 +37,6 @@ _BOX_RE = re.compile(rf"\[\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM})\s*,\s*({_NUM
 _ASSET_RE = re.compile(r"\b(img_\d+|(?:" + "|".join(REGISTRY) + r")_\d+)\b")
 
 
-# -- reading run-time values off recorded turns ------------------------------------------------
-
-
 def boxes_of(turn: Turn) -> list[list[int]]:
     """Boxes (0-1000) a Grounding turn returned: from structured data when the backend gives it."""
     raw = turn.result_data.get("boxes") if turn.result_data else None
@@ -184,9 +181,6 @@ class ChainPolicy(ScriptedPolicy):
         return format_reply(self.phrasings.reason(key, self.rng, fields), terminate=True)
 
 
-# -- quality control ---------------------------------------------------------------------------
-
-
 def quality_control(traj: Trajectory, plan: Plan, allow_plumbing: bool = False, policy_missing: str | None = None) -> list[str]:
     """Rejection reasons, most fundamental first (empty: keep). Reads only the trajectory."""
     reasons: list[str] = []
@@ -233,9 +227,6 @@ def quality_control(traj: Trajectory, plan: Plan, allow_plumbing: bool = False, 
         if reads and _norm(plan.expect_text) not in _norm(reads[-1]):
             reasons.append("ocr_mismatch")
     return list(dict.fromkeys(reasons))
-
-
-# -- one sample --------------------------------------------------------------------------------
 
 
 def missing_backends(chain: Chain, toolbox: Any) -> list[str]:
@@ -315,9 +306,6 @@ def build_one(
     return SftOutcome(not reasons, reasons, chain, traj, plan, tone)
 
 
-# -- one shard of a build ----------------------------------------------------------------------
-
-
 def new_stats() -> dict[str, Any]:
     return {"slots": 0, "attempts": 0, "kept": 0, "rejected": {}, "skipped_no_backend": {}, "chains": {}, "groups": {}, "tones": {}, "turns": {}}
 
@@ -340,8 +328,7 @@ def build_sft_shard(cfg: Any, job: Any) -> tuple[list[dict[str, Any]], dict[str,
         for attempt in range(cfg.max_attempts):
             rng = random.Random(f"sft:{job.seed}:{slot}:{attempt}")
             out = None
-            # Chains this toolbox or this image source cannot serve are redrawn, and counted,
-            # rather than spending a QC attempt on them.
+            # Chains this toolbox or image source cannot serve are redrawn (counted), not QC attempts.
             for _ in range(cfg.max_skips):
                 chain = ctx.chains.sample(rng)
                 if missing_backends(chain, ctx.toolbox):

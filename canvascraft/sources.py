@@ -5,9 +5,8 @@ labels to ground, text to read, how the text was turned or mirrored). Chains dec
 they cannot do without (`needs`) and the ones they would like (`wants`, e.g. "rotated" for a
 Rotate chain, so the rotation has something to correct); the "rgba" need asks for a ready
 cut-out (a shape on a transparent background) that an object overlay can paste without an
-Extract step. The built-in source needs nothing
-downloaded: procedural scenes drawn with Pillow, plus the sample photographs that ship inside
-scikit-image and scikit-learn.
+Extract step. The built-in source needs no download: procedural scenes drawn with Pillow, plus
+the sample photographs that ship inside scikit-image and scikit-learn.
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".ti
 class SourceImage:
     image: Image.Image
     tags: frozenset[str] = frozenset({"image"})
-    # JSON-safe facts: objects [{label, box}], text, font, rotation (degrees CCW applied to the
-    # scene), mirrored, caption, origin.
+    # JSON-safe facts: objects [{label, box}], text, font, rotation (degrees CCW), mirrored, caption, origin.
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -57,8 +55,6 @@ def _fit(img: Image.Image, max_side: int) -> Image.Image:
         img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.Resampling.LANCZOS)
     return img
 
-
-# -- procedural scenes ---------------------------------------------------------------------------
 
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (214, 40, 40),
@@ -132,8 +128,7 @@ class ProceduralSource:
 
     size: int = 256
     name: str = "procedural"
-    # Counter-clockwise scene rotations to draw; the builder narrows this to what one Rotate
-    # call can undo under the toolbox's profile.
+    # CCW scene rotations to draw; the builder keeps those one Rotate call can undo under the profile.
     rotations: tuple[int, ...] = ROTATIONS
 
     def sample(self, rng: random.Random, needs: frozenset[str], wants: frozenset[str]) -> SourceImage:
@@ -220,8 +215,6 @@ def _caption(meta: dict[str, Any]) -> str:
     return ("a simple scene with " + ", ".join(parts)) if parts else "a simple scene"
 
 
-# -- bundled photographs -----------------------------------------------------------------------
-
 # (loader, name, object labels worth grounding). Only images that ship inside the wheels.
 _SKIMAGE_PHOTOS = (
     ("astronaut", ["astronaut", "flag"]),
@@ -287,9 +280,6 @@ class BuiltinSource:
             if got is not None:
                 return got
         return ProceduralSource(self.size, rotations=self.rotations).sample(rng, needs, wants)
-
-
-# -- user data ---------------------------------------------------------------------------------
 
 
 @dataclass
