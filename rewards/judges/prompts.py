@@ -25,7 +25,8 @@ def output_instruction(scale: int = 10) -> str:
 
 def system_prompt(aspect: str, scale: int = 10) -> str:
     """The system prompt of `aspect`, with rubric anchors on a 0-`scale` integer scale. The HTTP
-    judge uses 0-10; the local judge's logits mode reads one digit token, so it asks for 0-9."""
+    judge uses 0-10; the local judge's logits mode reads one digit token, so it asks for 0-9
+    (a "10" would start with the token "1")."""
     top, good, part, poor = scale, round(0.7 * scale), round(0.4 * scale), max(1, round(0.1 * scale))
     rubric = {
         "alignment": (
