@@ -22,7 +22,8 @@ environment, working directory and stdout/stderr, and logs at this process's roo
 exception is raised here as a `StageFailed` carrying its traceback; an interrupt here terminates it.
 
 `PeakRSS` samples the resident memory of this process plus all its descendants, so the peak is
-the job's whichever way the stage ran (Linux; elsewhere this process's lifetime peak only).
+the job's whichever way the stage ran (Linux; elsewhere this process's lifetime peak only, and no
+`peak_anon_mb`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".ti
 class SourceImage:
     image: Image.Image
     tags: frozenset[str] = frozenset({"image"})
-    # JSON-safe facts: objects [{label, box}], text, font, rotation (degrees CCW), mirrored, caption, origin.
+    # JSON-safe facts: objects [{label, box}], text, font, rotation (degrees CCW applied to the scene),
+    # mirrored, caption, origin.
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property

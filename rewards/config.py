@@ -24,7 +24,8 @@ class FormatWeights:
     one_call: float = 0.2
     terminate: float = 0.2
     clean: float = 0.2
-    # Score of a trajectory with no reply text to format-check (calls via `Episode.call_tool`); logged.
+    # Score of a trajectory with no reply text to format-check (calls via `Episode.call_tool`); the
+    # reason is logged.
     unobserved_score: float = 0.0
 
 
@@ -91,7 +92,7 @@ class CostPenalty(PenaltyTerm):
 
 @dataclass
 class MissPenalty(PenaltyTerm):
-    """Amount: the fraction of distinct expected tools that never ran (successfully: `require_success`)."""
+    """Amount: the fraction of distinct expected tools that never ran (successfully, with `require_success`)."""
 
     scale: float = 0.15
     cap: float = 0.15

@@ -106,7 +106,8 @@ def peft_config(cfg: TrainConfig):
 
 def common_trl_args(cfg: TrainConfig, with_deepspeed: bool = True) -> dict[str, Any]:
     """TrainingArguments fields shared by SFTConfig and GRPOConfig. `with_deepspeed=False` (the dry
-    run on a machine without the GPUs) leaves out DeepSpeed and bf16, validated separately instead."""
+    run on a machine without the GPUs) leaves out DeepSpeed (it needs the package) and bf16 (a GPU),
+    validated separately instead."""
     o, r = cfg.optim, cfg.run
     args: dict[str, Any] = dict(
         output_dir=str(output_dir(cfg)),

@@ -262,7 +262,8 @@ class EaselEnv(CanvasEnv):
         return to_pil(self.session.canvas)
 
     def _outcome(self) -> dict[str, Any]:
-        """The final canvas's scores (what the `easel_s` reward reads); private, or TRL would offer it as a tool."""
+        """The final canvas's scores (what the `easel_s` reward reads); private, or TRL would offer it
+        as a fourth tool, one SFT (the registry's three) never shows."""
         sess, task = self.session, self.easel_task
         out: dict[str, Any] = {
             "kind": "reconstruction" if getattr(task, "reference", None) is not None else "semantic",

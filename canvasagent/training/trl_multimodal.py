@@ -38,7 +38,7 @@ ones (``canvasagent.training.turn_credit``): each model turn is judged against t
 that reached that turn. The rewards come from TRL's own ``_calculate_rewards`` of the same batch.
 
 Checked against TRL 1.16.0 only (`CHECKED_TRL_VERSIONS`). On another version a changed signature
-of an overridden method refuses to build; unchanged ones run with a warning to re-check the bug.
+of an overridden method refuses to build; unchanged ones run with a warning to re-check the overrides.
 """
 
 from __future__ import annotations
@@ -126,7 +126,8 @@ def cut_at_vision_tokens(
 
     Takes token ids as any sequence of ints (vLLM's may be a tuple or an array) and returns lists,
     which TRL concatenates with the prompt ids. A turn cut to nothing becomes a lone EOS (TRL
-    cannot hold an empty first turn) with sampling log-prob None (TRL: "no correction").
+    cannot hold an empty first turn) with sampling log-prob None, which TRL's importance-sampling
+    correction treats as "no correction".
     """
     n_cut = 0
     out_ids, out_lps = [], None if logprobs is None else []

@@ -234,7 +234,7 @@ def build_app(config: UIConfig | None = None):
                 lowest = None
             rows = R.select(rs, step_, group_, lowest, bool(err_), sort_ or R.SORTS[0])
             keys = [r.key for r in rows]
-            # Default A and B: the first and last rollout of the first group (best and worst by reward).
+            # Default A and B: the first and last rollout of the first group (best and worst under reward ↓).
             first = [k for k, r in zip(keys, rows) if r.group == rows[0].group] if rows else []
             a = a if a in keys else (first[0] if first else None)
             b = b if b in keys and b != a else (first[-1] if len(first) > 1 else None)

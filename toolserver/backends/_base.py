@@ -1,7 +1,8 @@
 """Plumbing shared by the model backends: typed params, lazy thread-safe loading, device and
 dtype choice, clear "unavailable" errors, and marking results from random-weight models.
 
-Backends load their model on first use and may be called from several threads at once, so
+Backends load their model on first use (listing tools or running pure ones must stay cheap) and
+may be called from several threads at once (Ray Serve replicas run requests concurrently), so
 loading is locked, and so is inference where the library keeps per-call state.
 """
 

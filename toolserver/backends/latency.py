@@ -6,10 +6,10 @@ copy of the first input image (or a flat `size`-square image), an empty mask, or
 `batch_call` holds a whole batch for one latency, as a GPU would; each request counts as in
 flight. Never a default: only a tools config that names `backend: latency` uses it.
 
-Thread-safe. The counts live in a registry keyed by `stats_key`, not on the instance, so every
-instance with that key in one process (racing first callers may build a backend twice) adds to
-the same `LatencyStats`. A Ray Serve replica is its own process: read its counts from the
-results (`data["in_flight"]`, `data["batch_size"]`).
+Thread-safe; it counts the calls it holds at once, in a registry keyed by `stats_key`, not on the
+instance, so every instance with that key in one process (racing first callers may build a
+backend twice) adds to the same `LatencyStats`. A Ray Serve replica is its own process: read its
+counts from the results (`data["in_flight"]`, `data["batch_size"]`).
 """
 
 from __future__ import annotations

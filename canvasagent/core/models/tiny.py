@@ -92,8 +92,9 @@ class TinyQwen3VLSpec:
             raise ValueError("min_pixels must not exceed max_pixels")
 
 
-# Named sizes for ``model.tiny_size``; all share the tokenizer. "xs" (~0.4M parameters) is the CPU
-# default; "s" (~1.6M) is for the GRPO testbed, where instructions vary and chains are longer.
+# Named sizes for ``model.tiny_size``; all share the tokenizer, so a dataset tokenized for one size
+# stays valid for another. "xs" (~0.4M parameters) is the CPU default; "s" (~1.6M) is for the GRPO
+# testbed, where instructions vary and chains are longer.
 TINY_SIZES: dict[str, dict] = {
     "xs": {},
     "s": {
