@@ -61,6 +61,9 @@ class PipelineConfig:
     cc_sft_n: int = 64
     cc_rl_n: int = 48
     cc_eval_n: int = 16  # its RL eval split: the held-out CanvasCraft tasks
+    # None: the build config's eval_seed, so every pipeline seed is evaluated on the same tasks;
+    # an int: the split is drawn with cc_eval_seed + seed, so each seed has held-out tasks of its own.
+    cc_eval_seed: int | None = None
     cc_chains: list[str] = field(default_factory=lambda: ["chains"])  # chain files under configs/canvascraft/
     cc_mix: dict[str, float] = field(default_factory=lambda: {"single": 0, "hard": 0, "OCR": 1, "Flip": 1, "Rotate": 1, "SR": 1})
     cc_rl_mix: dict[str, float] = field(default_factory=dict)  # the RL build's mix; {} = cc_mix
@@ -214,7 +217,8 @@ class Pipeline:
         common = dict(seed=c.seed, workers=1, tools_config="offline", chains=c.cc_chains, sr_input_side=c.cc_sr_input_side)
         out: dict[str, Any] = {}
         for kind, extra in (("sft", {"n": c.cc_sft_n, "mix": c.cc_mix}),
-                            ("rl", {"n": c.cc_rl_n, "eval_n": c.cc_eval_n, "mix": c.cc_rl_mix or c.cc_mix, **c.cc_rl_targets})):
+                            ("rl", {"n": c.cc_rl_n, "eval_n": c.cc_eval_n, "mix": c.cc_rl_mix or c.cc_mix, **c.cc_rl_targets,
+                                    "eval_seed": None if c.cc_eval_seed is None else c.cc_eval_seed + c.seed})):
             bcfg = load_build_config(kind, None, **common, **extra)
             manifest = run_build(kind, bcfg, str(base / kind), progress=False)  # resumable: finished shards are kept
             out[kind] = {"path": str(base / kind), "rows": {k: v["rows"] for k, v in manifest["shards"].items()}}

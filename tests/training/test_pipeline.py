@@ -182,3 +182,22 @@ def test_the_precision_testbed_adds_one_call_tasks_to_grpo_and_eval_only():
     assert prec.cc_mix == base.cc_mix and prec.cc_sft_n == base.cc_sft_n == 1024
     assert all(prec.cc_rl_mix[k] == 1 for k in ("offline", "offline_single", "Rotate", "Overlay"))
     assert prec.cc_mix["SR"] == prec.cc_rl_mix["Crop+SR"] == prec.cc_rl_mix["Rotate+Crop+SR"] == 0
+
+
+def test_cc_eval_seed_gives_each_seed_its_own_held_out_split(tmp_path):
+    """Without `cc_eval_seed` every pipeline seed is evaluated on the build's eval_seed split; with
+    it, seed s gets the split drawn with cc_eval_seed + s (real builds, one tiny task each)."""
+    from canvasagent.pipeline import Pipeline
+
+    def eval_ids(seed, eval_seed):
+        cfg = PipelineConfig.load("testbed", out=str(tmp_path / f"s{seed}-{eval_seed}"), seed=seed, cc_sft_n=1, cc_rl_n=1,
+                                  cc_eval_n=2, cc_eval_seed=eval_seed, cc_mix={"single": 0, "hard": 0, "offline": 0, "Flip": 1})
+        assert cfg.sources == ("canvascraft",)
+        pipe = Pipeline(cfg)
+        pipe.stage_data()
+        return [t.id for t in pipe.eval_tasks()[0]]
+
+    shared = eval_ids(0, None)
+    assert len(shared) == 2 and all(i.startswith("rl-eval-1234567-") for i in shared)
+    own0, own1 = eval_ids(0, 500), eval_ids(1, 500)
+    assert all(i.startswith("rl-eval-500-") for i in own0) and all(i.startswith("rl-eval-501-") for i in own1)
