@@ -36,6 +36,21 @@ KEYS = ("format_validity", "rule", "hybrid", "success")
 PAIRED = {"hybrid": "hybrid", "success": "success", "pass_rate": "align/passed"}
 
 
+def pooled_paired(ids: list[str], before: list[dict], after: list[dict], key: str) -> dict:
+    """`paired_difference` over every (seed, task) pair, with its standard error the larger of the
+    per-pair one and the task-clustered one (`se_pairs`, `se_tasks`): seeds that share held-out
+    tasks are not independent samples of tasks, so there each task's differences are averaged
+    over the seeds first and the se is taken over the `tasks` distinct tasks."""
+    out = paired_difference(before, after, key)
+    per_task: dict[str, list[float]] = {}
+    for i, b, a in zip(ids, before, after, strict=True):
+        per_task.setdefault(i, []).append(task_score(a, key) - task_score(b, key))
+    means = [sum(v) / len(v) for v in per_task.values()]
+    n, mean = len(means), sum(means) / max(len(means), 1)
+    se_tasks = (sum((x - mean) ** 2 for x in means) / (n - 1) / n) ** 0.5 if n > 1 else 0.0
+    return {**out, "tasks": n, "se_pairs": out["se"], "se_tasks": se_tasks, "se": max(out["se"], se_tasks)}
+
+
 def _eval_tasks(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "data" / "eval_tasks.jsonl").read_text().splitlines() if line.strip()]
 
@@ -97,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             for key, pkey in PAIRED.items():
                 sft, grpo = res["eval_sft"][tkey], res["eval_grpo"][tkey]
                 row[f"{mode}_paired_{key}"] = paired_difference(sft, grpo, pkey)
-                before, after = pooled.setdefault(f"{mode}_{key}", (pkey, [], []))[1:]
+                ids, before, after = pooled.setdefault(f"{mode}_{key}", (pkey, [], [], []))[1:]
+                ids.extend(t["id"] for t in tasks)
                 before.extend(sft)
                 after.extend(grpo)
                 for fam, b, a in zip(families, sft, grpo, strict=True):  # eval_tasks.jsonl is the evaluated order
@@ -106,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                     fa.append(a)
         row["by_chain"] = _by_chain(tasks, res)
         rows.append(row)
-    pooled_stats = {k: paired_difference(sft, grpo, pkey) for k, (pkey, sft, grpo) in pooled.items()}
+    pooled_stats = {k: pooled_paired(ids, sft, grpo, pkey) for k, (pkey, ids, sft, grpo) in pooled.items()}
     family_stats = {f"{fam} {mode} {key}": {**paired_difference(b, a, PAIRED[key]),
                                             "sft": sum(task_score(x, PAIRED[key]) for x in b) / len(b),
                                             "grpo": sum(task_score(x, PAIRED[key]) for x in a) / len(a)}
@@ -126,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'yes' if r[f'{mode}_eval_grpo_hybrid'] > r[f'{mode}_eval_sft_hybrid'] else 'NO'} | "
                 f"{'yes' if r[f'{mode}_eval_grpo_success'] > r[f'{mode}_eval_sft_success'] else 'NO'} |")
         ph, ps = pooled_stats[f"{mode}_hybrid"], pooled_stats[f"{mode}_success"]
-        lines.append(f"| pooled (n={ph['n']}) | | | | | {ph['mean_diff']:+.4f} (±{ph['se']:.4f}) | "
+        lines.append(f"| pooled (n={ph['n']}, {ph['tasks']} tasks) | | | | | {ph['mean_diff']:+.4f} (±{ph['se']:.4f}) | "
                      f"{ps['mean_diff']:+.3f} (±{ps['se']:.3f}) | {'yes' if ph['mean_diff'] > 2 * ph['se'] else 'NO'} (>2 se) | "
                      f"{'yes' if ps['mean_diff'] > 2 * ps['se'] else 'NO'} (>2 se) |")
         return lines
@@ -175,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         f"# Training evidence (pipeline config `{args.config}`, held-out tasks, paired per task)", "",
         "Reward: hybrid reward (paper preset, offline judges); success: every verifiable check passed; format validity: "
         "share of assistant turns without a protocol finding. Base = the untrained model on the first n_eval_base tasks.", "",
+        "Pooled rows: n (seed, task) pairs over that many distinct held-out tasks; their se is the larger of the "
+        "per-pair and the task-clustered one (seeds that share tasks are not independent samples of tasks).", "",
         "Greedy decoding:", "", *table("greedy"), "",
         "Sampling at the GRPO temperature (reward: the mean of a task's sampled episodes; success: at least half of "
         "them passed every check):", "", *table("sampled"), "", pass_rate_line(), "",
