@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+
+EMA_WEIGHT = 0.8  # smoothed line: y_t = 0.8 * y_{t-1} + 0.2 * x_t (missing points are skipped)
+
+
+def ema(ys: list[float], weight: float = EMA_WEIGHT) -> list[float]:
+    """Exponential moving average, seeded with the first value."""
+    return list(itertools.accumulate(ys, lambda prev, y: weight * prev + (1 - weight) * y))
 
 
 @contextmanager

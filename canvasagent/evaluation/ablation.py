@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from canvasagent.core.plotting import figure
+from canvasagent.core.plotting import ema, figure
 from canvasagent.evaluation.metrics import paired_difference, summarize
 from canvasagent.evaluation.report import markdown_table, metrics_table, write_report
 from canvasagent.stage_runner import StagedRun, StageFailed, train_command
@@ -375,11 +375,18 @@ class AblationRunner:
         with figure(path, 1, 2, figsize=(10, 3.5), dpi=100) as (fig, axes):
             for name, pts in series.items():
                 ax = axes[0] if name == "SFT loss" else axes[1]
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, marker="." if len(pts) < 40 else None)
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                if len(pts) < 40:
+                    ax.plot(xs, ys, label=name, marker=".")
+                else:  # long noisy runs: the raw points faint, their moving average on top
+                    raw, = ax.plot(xs, ys, alpha=0.25, linewidth=0.8)
+                    ax.plot(xs, ema(ys), color=raw.get_color(), label=f"{name} (EMA)")
             axes[0].set_title("SFT loss")
-            axes[1].set_title("GRPO reward (training preset)")
+            axes[1].set_title("GRPO reward (each cell's training preset)")
             for ax in axes:
                 ax.set_xlabel("step")
                 if ax.lines:
                     ax.legend(fontsize=7)
+                else:
+                    ax.text(0.5, 0.5, "no metrics.jsonl under this grid", ha="center", va="center", transform=ax.transAxes)
         return path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -13,7 +12,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from canvasagent.core.plotting import figure
+from canvasagent.core.plotting import EMA_WEIGHT, ema, figure
 from canvasagent.core.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -40,18 +39,12 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("judge fallbacks", ("rewards/judge_fallbacks/mean",)),
     ("SFT token accuracy", ("mean_token_accuracy",)),
 )
-EMA_WEIGHT = 0.8  # smoothed line: y_t = 0.8 * y_{t-1} + 0.2 * x_t (missing points are skipped)
 
 
 def _series(history: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
     pts = [(h["step"], float(h[key])) for h in history
            if "step" in h and isinstance(h.get(key), (int, float)) and math.isfinite(float(h[key]))]
     return ([x for x, _ in pts], [y for _, y in pts])
-
-
-def ema(ys: list[float], weight: float = EMA_WEIGHT) -> list[float]:
-    """Exponential moving average, seeded with the first value."""
-    return list(itertools.accumulate(ys, lambda prev, y: weight * prev + (1 - weight) * y))
 
 
 def _component_keys(keys: list[str], stat: str) -> list[str]:
