@@ -155,6 +155,7 @@ class CellResult:
     valid_reply_rate: float
     checkpoint: str
     seconds: float
+    metrics_sampled: dict[str, float] | None = None  # with `eval.samples`: the sampled episodes' metrics
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,9 +164,14 @@ class CellResult:
     def from_record(cls, record: dict[str, Any]) -> CellResult:
         """From a cell's done.json (which also holds the stage's peak RSS); metrics saved under a
         legacy total name read as `hybrid`, legacy `calls` as `calls_per_task`."""
-        m = canonical_scores(record["metrics"])
-        m.setdefault("calls_per_task", m.get("calls", float("nan")))
-        return cls(**{**{f.name: record[f.name] for f in fields(cls)}, "metrics": m})
+        def canonical(metrics: dict[str, float]) -> dict[str, float]:
+            m = canonical_scores(metrics)
+            m.setdefault("calls_per_task", m.get("calls", float("nan")))
+            return m
+
+        sampled = record.get("metrics_sampled")
+        return cls(**{**{f.name: record[f.name] for f in fields(cls) if f.name != "metrics_sampled"},
+                      "metrics": canonical(record["metrics"]), "metrics_sampled": canonical(sampled) if sampled else None})
 
 
 class AblationRunner:
@@ -342,12 +348,22 @@ class AblationRunner:
         if paired:
             md += (f"\nEach cell minus {REFERENCE_CELL}, paired per held-out task (greedy; mean ± standard error):\n\n"
                    + paired_table(paired, REFERENCE_CELL) + "\n")
+        sampled = {n: r for n, r in results.items() if r.metrics_sampled}
+        paired_sampled = paired_against(self.out, list(sampled), REFERENCE_CELL, "sampled") if REFERENCE_CELL in sampled else {}
+        if sampled:
+            md += (f"\nSampled ({self.cfg.eval.samples} episodes a task at the GRPO temperature; success: at least half "
+                   "of a task's episodes passed every check):\n\n" + metrics_table({n: r.metrics_sampled for n, r in sampled.items()})
+                   + "\n\n" + markdown_table(["Setting", "Success", "Valid replies"], (
+                       [n, f"{r.metrics_sampled['success']:.3f}", f"{r.metrics_sampled['format_validity']:.3f}"] for n, r in sampled.items())) + "\n")
+        if paired_sampled:
+            md += (f"\nEach cell minus {REFERENCE_CELL}, sampled, paired per held-out task (mean ± standard error):\n\n"
+                   + paired_table(paired_sampled, REFERENCE_CELL) + "\n")
         if notes:
             md += "\n" + "\n".join(notes) + "\n"
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "table.md").write_text(md)
         payload = {"name": self.cfg.name, "cells": {n: r.to_dict() for n, r in results.items()}, "failures": failures,
-                   "paired_vs_reference": {"reference": REFERENCE_CELL, "cells": paired}}
+                   "paired_vs_reference": {"reference": REFERENCE_CELL, "cells": paired, "cells_sampled": paired_sampled}}
         (self.out / "table.json").write_text(json.dumps(payload, indent=2, default=float))
         self.curves()
         return {"markdown": md, **payload}

@@ -236,3 +236,31 @@ def test_cell_records_written_by_earlier_code_are_read(grid, tmp_path):
     res = AblationRunner(AblationConfig.load(grid), out, trainer, fake_evaluator([])).run(only=["SFT only", "SFT+RL"])
     assert [k for k, _ in trainer.calls] == ["grpo"]  # neither the cell nor the SFT run again
     assert "| SFT only | 0.500 | 0.400 |" in res["markdown"] and "| SFT only | 0.250 | 0.750 | 1.0 |" in res["markdown"]
+
+
+def test_sampled_evaluations_get_their_own_table_and_paired_rows(grid, tmp_path):
+    """With sampled results (eval.samples), table.md adds the sampled metrics, success and the
+    sampled paired differences against SFT+RL; a rerun reads them back from the done markers."""
+    def evaluate(checkpoint, out, title):
+        res = {}
+        for mode, shift in (("greedy", 0.0), ("sampled", -0.1)):
+            value = {"SFT only": 0.55, "RL only": 0.05, "SFT+RL": 0.82, "w/o outcome reward": 0.63, "w/o process reward": 0.38}[title] + shift
+            tasks = [TaskResult(f"t{i}", scores={"hybrid": value + 0.01 * i, "align": value, "aes": 0.7, "traj": value, "rule": value},
+                                n_turns=2, valid_replies=2) for i in range(3)]
+            res[mode] = EvalResult(policy_metrics(tasks), tasks)
+            (out / mode).mkdir(parents=True, exist_ok=True)
+            (out / mode / "report.json").write_text(json.dumps({"tasks": [{"task_id": t.task_id, "scores": t.scores} for t in tasks]}))
+        return res
+
+    cfg = AblationConfig.load(grid)
+    cfg.eval.samples = 4
+    first = AblationRunner(cfg, tmp_path / "abl", FakeTrainer(), evaluate).run()
+    again = AblationRunner(cfg, tmp_path / "abl", FakeTrainer(), evaluate).run()  # every cell from its done.json
+    for out in (first, again):
+        md = out["markdown"]
+        sampled_part = md.split("Sampled (4 episodes a task", 1)[1]
+        assert "| SFT+RL | 0.730 |" in sampled_part and "| SFT only | 0.460 |" in sampled_part
+        rows = out["paired_vs_reference"]["cells_sampled"]
+        assert rows["SFT only"]["hybrid"]["mean_diff"] == pytest.approx(-0.27)
+        assert rows["w/o process reward"]["rule"]["mean_diff"] == pytest.approx(-0.44)
+        assert out["cells"]["SFT+RL"]["metrics_sampled"]["hybrid"] == pytest.approx(0.73)
