@@ -217,8 +217,7 @@ class Pipeline:
         common = dict(seed=c.seed, workers=1, tools_config="offline", chains=c.cc_chains, sr_input_side=c.cc_sr_input_side)
         out: dict[str, Any] = {}
         for kind, extra in (("sft", {"n": c.cc_sft_n, "mix": c.cc_mix}),
-                            ("rl", {"n": c.cc_rl_n, "eval_n": c.cc_eval_n, "mix": c.cc_rl_mix or c.cc_mix, **c.cc_rl_targets,
-                                    "eval_seed": None if c.cc_eval_seed is None else c.cc_eval_seed + c.seed})):
+                            ("rl", {"n": c.cc_rl_n, "eval_n": c.cc_eval_n, "mix": c.cc_rl_mix or c.cc_mix, **c.cc_rl_targets, "eval_seed": None if c.cc_eval_seed is None else c.cc_eval_seed + c.seed})):
             bcfg = load_build_config(kind, None, **common, **extra)
             manifest = run_build(kind, bcfg, str(base / kind), progress=False)  # resumable: finished shards are kept
             out[kind] = {"path": str(base / kind), "rows": {k: v["rows"] for k, v in manifest["shards"].items()}}

@@ -33,6 +33,7 @@ from typing import Any, Callable
 from canvasagent.core.plotting import ema, figure
 from canvasagent.evaluation.metrics import paired_difference, summarize
 from canvasagent.evaluation.report import markdown_table, metrics_table, write_report
+from canvasagent.evaluation.tasks_io import load_tasks, write_tasks
 from canvasagent.stage_runner import StagedRun, StageFailed, train_command
 from rewards.hybrid import canonical_scores
 from toolserver.config import find_config, from_dict, load_yaml
@@ -164,15 +165,14 @@ class CellResult:
     def from_record(cls, record: dict[str, Any]) -> CellResult:
         """From a cell's done.json (which also holds the stage's peak RSS); metrics saved under a
         legacy total name read as `hybrid`, legacy `calls` as `calls_per_task`."""
-        def canonical(metrics: dict[str, float]) -> dict[str, float]:
-            m = canonical_scores(metrics)
-            m.setdefault("calls_per_task", m.get("calls", float("nan")))
-            return m
-
         sampled = record.get("metrics_sampled")
-        return cls(**{**{f.name: record[f.name] for f in fields(cls) if f.name != "metrics_sampled"},
-                      "metrics": canonical(record["metrics"]), "metrics_sampled": canonical(sampled) if sampled else None})
+        return cls(**{**{f.name: record[f.name] for f in fields(cls) if f.name != "metrics_sampled"}, "metrics_sampled": _canonical(sampled) if sampled else None,
+                      "metrics": {"success": record["success_rate"], "format_validity": record["valid_reply_rate"], **_canonical(record["metrics"])}})
 
+
+def _canonical(metrics: dict[str, float]) -> dict[str, float]:
+    m = canonical_scores(metrics)
+    return {"calls_per_task": m.get("calls", float("nan")), **m}
 
 class AblationRunner:
     def __init__(self, config: AblationConfig, out_dir: str | Path, trainer: Trainer | None = None, evaluator: Callable | None = None):
@@ -203,9 +203,7 @@ class AblationRunner:
 
         out = []
         t = self.cfg.train
-        for kind, name in (("sft", t.sft_config), ("grpo", t.grpo_config)):
-            if kind == "sft" and not any(c.sft for c in self.cfg.cells):
-                continue
+        for name in ([t.sft_config] if any(c.sft for c in self.cfg.cells) else []) + [t.grpo_config]:
             try:
                 TrainConfig.load(name)
             except Exception as e:
@@ -241,15 +239,12 @@ class AblationRunner:
         limit = self.cfg.eval.limit
         if self.cfg.data:
             return self._data["pipeline"].eval_tasks(limit)[0]
-        from canvasagent.evaluation.tasks_io import load_tasks
-
         tasks = self.cfg.eval.tasks
         if isinstance(tasks, str):
             return load_tasks(tasks, limit=limit)
         if isinstance(tasks, dict) and "scripted" in tasks:
             path = self.out / "eval_tasks"
             if not (path / "tasks.jsonl").exists():
-                from canvasagent.evaluation.tasks_io import write_tasks
                 from canvasagent.training.scripted import attach_reference, make_tasks
                 from toolserver.client import make_toolbox
 
@@ -338,32 +333,27 @@ class AblationRunner:
         return self.write(results, failures)
 
     def write(self, results: dict[str, CellResult], failures: dict[str, str]) -> dict[str, Any]:
-        rows = {c.name: results[c.name].metrics for c in self.cfg.cells if c.name in results}
-        table = metrics_table(rows)
-        extra = ["", markdown_table(["Setting", "Success", "Valid replies", "Minutes"],
-                                    ([n, f"{r.success_rate:.3f}", f"{r.valid_reply_rate:.3f}", f"{r.seconds / 60:.1f}"] for n, r in results.items()))]
         notes = [f"- {n}: FAILED — {msg.splitlines()[0]}" for n, msg in failures.items()]
-        md = f"# Ablation: {self.cfg.name}\n\nEvaluated with the `{self.cfg.eval.preset}` reward, {self.cfg.eval.judge} judges.\n\n{table}\n" + "\n".join(extra) + "\n"
-        paired = paired_against(self.out, list(results), REFERENCE_CELL) if REFERENCE_CELL in results else {}
-        if paired:
-            md += (f"\nEach cell minus {REFERENCE_CELL}, paired per held-out task (greedy; mean ± standard error):\n\n"
-                   + paired_table(paired, REFERENCE_CELL) + "\n")
-        sampled = {n: r for n, r in results.items() if r.metrics_sampled}
-        paired_sampled = paired_against(self.out, list(sampled), REFERENCE_CELL, "sampled") if REFERENCE_CELL in sampled else {}
-        if sampled:
-            md += (f"\nSampled ({self.cfg.eval.samples} episodes a task at the GRPO temperature; success: at least half "
-                   "of a task's episodes passed every check):\n\n" + metrics_table({n: r.metrics_sampled for n, r in sampled.items()})
-                   + "\n\n" + markdown_table(["Setting", "Success", "Valid replies"], (
-                       [n, f"{r.metrics_sampled['success']:.3f}", f"{r.metrics_sampled['format_validity']:.3f}"] for n, r in sampled.items())) + "\n")
-        if paired_sampled:
-            md += (f"\nEach cell minus {REFERENCE_CELL}, sampled, paired per held-out task (mean ± standard error):\n\n"
-                   + paired_table(paired_sampled, REFERENCE_CELL) + "\n")
+        md = f"# Ablation: {self.cfg.name}\n\nEvaluated with the `{self.cfg.eval.preset}` reward, {self.cfg.eval.judge} judges.\n"
+        paired: dict[str, dict] = {}
+        for mode, heading in (("greedy", ""), ("sampled", f"Sampled ({self.cfg.eval.samples} episodes a task at the GRPO temperature; "
+                                                          "success: at least half of a task's episodes passed every check):\n\n")):
+            rows = {c.name: m for c in self.cfg.cells if c.name in results
+                    and (m := results[c.name].metrics if mode == "greedy" else results[c.name].metrics_sampled)}
+            if not rows:
+                continue
+            md += f"\n{heading}{metrics_table(rows)}\n\n" + markdown_table(["Setting", "Success", "Valid replies", "Minutes"], (
+                [n, f"{m['success']:.3f}", f"{m['format_validity']:.3f}", f"{results[n].seconds / 60:.1f}"] for n, m in rows.items())) + "\n"
+            paired[mode] = paired_against(self.out, list(rows), REFERENCE_CELL, mode) if REFERENCE_CELL in rows else {}
+            if paired[mode]:
+                md += (f"\nEach cell minus {REFERENCE_CELL}, paired per held-out task ({mode}; mean ± standard error):\n\n"
+                       + paired_table(paired[mode], REFERENCE_CELL) + "\n")
         if notes:
             md += "\n" + "\n".join(notes) + "\n"
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "table.md").write_text(md)
         payload = {"name": self.cfg.name, "cells": {n: r.to_dict() for n, r in results.items()}, "failures": failures,
-                   "paired_vs_reference": {"reference": REFERENCE_CELL, "cells": paired, "cells_sampled": paired_sampled}}
+                   "paired_vs_reference": {"reference": REFERENCE_CELL, "cells": paired.get("greedy", {}), "cells_sampled": paired.get("sampled", {})}}
         (self.out / "table.json").write_text(json.dumps(payload, indent=2, default=float))
         self.curves()
         return {"markdown": md, **payload}
@@ -391,12 +381,8 @@ class AblationRunner:
         with figure(path, 1, 2, figsize=(10, 3.5), dpi=100) as (fig, axes):
             for name, pts in series.items():
                 ax = axes[0] if name == "SFT loss" else axes[1]
-                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-                if len(pts) < 40:
-                    ax.plot(xs, ys, label=name, marker=".")
-                else:  # long noisy runs: the raw points faint, their moving average on top
-                    raw, = ax.plot(xs, ys, alpha=0.25, linewidth=0.8)
-                    ax.plot(xs, ema(ys), color=raw.get_color(), label=f"{name} (EMA)")
+                raw, = ax.plot([p[0] for p in pts], [p[1] for p in pts], alpha=0.25, linewidth=0.8, marker=".")
+                ax.plot([p[0] for p in pts], ema([p[1] for p in pts]), color=raw.get_color(), label=f"{name} (EMA)")
             axes[0].set_title("SFT loss")
             axes[1].set_title("GRPO reward (each cell's training preset)")
             for ax in axes:
