@@ -164,15 +164,17 @@ class CellResult:
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CellResult:
         """From a cell's done.json (which also holds the stage's peak RSS); metrics saved under a
-        legacy total name read as `hybrid`, legacy `calls` as `calls_per_task`."""
+        legacy total name read as `hybrid`, legacy `calls` as `calls_per_task`, and greedy metrics
+        without `success` / `format_validity` take them from the record's rates."""
         sampled = record.get("metrics_sampled")
-        return cls(**{**{f.name: record[f.name] for f in fields(cls) if f.name != "metrics_sampled"}, "metrics_sampled": _canonical(sampled) if sampled else None,
-                      "metrics": {"success": record["success_rate"], "format_validity": record["valid_reply_rate"], **_canonical(record["metrics"])}})
+        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name not in ("metrics", "metrics_sampled")}, metrics_sampled=_canonical(sampled) if sampled else None,
+                   metrics={"success": record["success_rate"], "format_validity": record["valid_reply_rate"], **_canonical(record["metrics"])})
 
 
 def _canonical(metrics: dict[str, float]) -> dict[str, float]:
     m = canonical_scores(metrics)
     return {"calls_per_task": m.get("calls", float("nan")), **m}
+
 
 class AblationRunner:
     def __init__(self, config: AblationConfig, out_dir: str | Path, trainer: Trainer | None = None, evaluator: Callable | None = None):
@@ -338,8 +340,8 @@ class AblationRunner:
         paired: dict[str, dict] = {}
         for mode, heading in (("greedy", ""), ("sampled", f"Sampled ({self.cfg.eval.samples} episodes a task at the GRPO temperature; "
                                                           "success: at least half of a task's episodes passed every check):\n\n")):
-            rows = {c.name: m for c in self.cfg.cells if c.name in results
-                    and (m := results[c.name].metrics if mode == "greedy" else results[c.name].metrics_sampled)}
+            field_name = "metrics" if mode == "greedy" else "metrics_sampled"
+            rows = {c.name: m for c in self.cfg.cells if c.name in results and (m := getattr(results[c.name], field_name))}
             if not rows:
                 continue
             md += f"\n{heading}{metrics_table(rows)}\n\n" + markdown_table(["Setting", "Success", "Valid replies", "Minutes"], (
