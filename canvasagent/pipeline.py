@@ -44,7 +44,9 @@ class PipelineConfig:
     # The untrained model rambles to max_new_tokens every turn (slow on CPU) and scores ~0 anyway:
     # it is evaluated on the first n_eval_base held-out tasks of each source only.
     n_eval_base: int = 8
-    eval_max_new_tokens: int = 96
+    # Tokens one evaluated reply may have; None: the GRPO run's max_completion_length, so a reply a
+    # rollout can finish is not cut short in evaluation (GRPO also caps the episode at that total).
+    eval_max_new_tokens: int | None = None
     # Besides greedy decoding, trained policies are also evaluated by sampling at the training
     # temperature (what GRPO optimises): `eval_samples` episodes per task.
     eval_samples: int = 4
@@ -156,6 +158,11 @@ class Pipeline:
         })
         self.stages = StagedRun(self.out, "pipeline")
 
+    @property
+    def eval_max_new_tokens(self) -> int:
+        """The per-reply token limit of every evaluation stage (`PipelineConfig.eval_max_new_tokens`)."""
+        return self.cfg.eval_max_new_tokens or self.grpo.grpo.max_completion_length
+
     def train_data(self, kind: str) -> dict[str, Any]:
         """The training config fields that point a `kind` (sft | grpo) run at this pipeline's data:
         its data format, the CanvasCraft build under `<out>/data` and the tools its tasks use;
@@ -257,7 +264,7 @@ class Pipeline:
         tasks, sources = self.eval_tasks(limit)
         index = {s: [i for i, x in enumerate(sources) if x == s] for s in dict.fromkeys(sources)}
         res = evaluate_checkpoint(model_dir, tasks, scorer, toolbox, ws.tool_fns, self.out / name, max_turns=self.grpo.grpo.max_turns,
-                                  max_new_tokens=self.cfg.eval_max_new_tokens, temperature=self.grpo.grpo.temperature,
+                                  max_new_tokens=self.eval_max_new_tokens, temperature=self.grpo.grpo.temperature,
                                   samples=self.cfg.eval_samples, seed=self.cfg.seed, image_budget=self.grpo.image_budget)
         out: dict[str, Any] = {"model": str(model_dir), "scorer": scorer.source, "task_sources": sources,
                                "by_source": {s: {} for s in index}}

@@ -201,3 +201,17 @@ def test_cc_eval_seed_gives_each_seed_its_own_held_out_split(tmp_path):
     assert len(shared) == 2 and all(i.startswith("rl-eval-1234567-") for i in shared)
     own0, own1 = eval_ids(0, 500), eval_ids(1, 500)
     assert all(i.startswith("rl-eval-500-") for i in own0) and all(i.startswith("rl-eval-501-") for i in own1)
+
+
+def test_evaluated_replies_are_as_long_as_grpo_rollout_replies_unless_set():
+    """`eval_max_new_tokens: null` lets an evaluated reply run to the GRPO run's
+    max_completion_length; an int sets the limit itself."""
+    from canvasagent.pipeline import Pipeline
+
+    follows = Pipeline(PipelineConfig.load("testbed_precision_sft800_rl360_heldout96_len384"))
+    assert follows.cfg.eval_max_new_tokens is None
+    assert follows.eval_max_new_tokens == follows.grpo.grpo.max_completion_length == 384
+    fixed = Pipeline(PipelineConfig.load("testbed_precision_sft800_rl360_heldout96"))
+    assert fixed.eval_max_new_tokens == 96
+    override = Pipeline(PipelineConfig.load("testbed_precision_sft800_rl360_heldout96_len384", eval_max_new_tokens=64))
+    assert override.eval_max_new_tokens == 64
