@@ -267,7 +267,7 @@ class Pipeline:
                                   max_new_tokens=self.eval_max_new_tokens, temperature=self.grpo.grpo.temperature,
                                   samples=self.cfg.eval_samples, seed=self.cfg.seed, image_budget=self.grpo.image_budget)
         out: dict[str, Any] = {"model": str(model_dir), "scorer": scorer.source, "task_sources": sources,
-                               "by_source": {s: {} for s in index}}
+                               "max_new_tokens": self.eval_max_new_tokens, "by_source": {s: {} for s in index}}
         for mode, suffix in (("greedy", ""), ("sampled", "_sampled")):
             if mode in res:
                 out.update({f"metrics{suffix}": res[mode].metrics, f"per_task{suffix}": res[mode].scores})
@@ -302,7 +302,17 @@ class Pipeline:
                 continue
             fn, *args = plan[stage]
             results[stage] = self.stages.run(stage, fn, *args, isolate=isolate and stage != "report", rerun=stage == "report")
+            self._same_reply_limit(stage, results[stage])
         return results
+
+    def _same_reply_limit(self, stage: str, record: dict[str, Any]) -> None:
+        """Refuses a finished evaluation stage whose reply limit is not this config's: its scores would
+        be paired with stages that cut replies elsewhere. Records written before the limit was
+        recorded hold none and pass."""
+        got = record.get("max_new_tokens") if stage.startswith("eval_") else None
+        if got is not None and got != self.eval_max_new_tokens:
+            raise ValueError(f"{self.out / stage} was evaluated with replies of up to {got} tokens, this config "
+                             f"asks for {self.eval_max_new_tokens}: use another --out or remove that stage")
 
 
 def run_pipeline(cfg: PipelineConfig, only: list[str] | None = None, isolate: bool = True) -> dict[str, Any]:

@@ -74,8 +74,9 @@ class EvalSection:
     workers: int = 1  # unused (tasks run in order, seeded); kept so existing grids load
     limit: int | None = None
     samples: int = 0  # besides greedy: episodes per task sampled at the GRPO temperature
-    # max_new_tokens, HFGenerationConfig fields (dtype, device); the layout and tools are the training ones.
-    policy_options: dict[str, Any] = field(default_factory=lambda: {"max_new_tokens": 96, "layout": "train"})
+    # max_new_tokens (absent: the GRPO config's max_completion_length, as long a reply as a rollout's),
+    # HFGenerationConfig fields (dtype, device); the layout and tools are the training ones.
+    policy_options: dict[str, Any] = field(default_factory=lambda: {"layout": "train"})
 
 
 @dataclass
@@ -292,7 +293,7 @@ class AblationRunner:
         try:
             res = evaluate_checkpoint(
                 checkpoint, tasks, make_scorer(e.preset, e.judge, toolbox, every_judge=True),
-                toolbox, ws.tool_fns, out, max_turns=e.max_turns, max_new_tokens=int(options.pop("max_new_tokens", 96)),
+                toolbox, ws.tool_fns, out, max_turns=e.max_turns, max_new_tokens=int(options.pop("max_new_tokens", grpo.grpo.max_completion_length)),
                 temperature=grpo.grpo.temperature, samples=e.samples, seed=self._data["seed"] if self.cfg.data else 0,
                 image_budget=grpo.image_budget, generation=options)
         finally:

@@ -191,7 +191,8 @@ def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid
 
 def test_grid_data_from_a_mixed_pipeline_evaluates_every_source(grid, tmp_path, monkeypatch):
     """A pipeline of two sources (scripted + CanvasCraft) feeds the grid as it feeds the pipeline:
-    the runs get its data fields, and every cell is evaluated on the held-out tasks of both."""
+    the runs get its data fields, and every cell is evaluated on the held-out tasks of both, its
+    replies as long as the GRPO runs' (no max_new_tokens in the grid: max_completion_length)."""
     from canvasagent.pipeline import Pipeline, PipelineConfig
 
     pipe = tmp_path / "pipe.yaml"
@@ -202,12 +203,14 @@ def test_grid_data_from_a_mixed_pipeline_evaluates_every_source(grid, tmp_path, 
     }))
     g = yaml.safe_load(grid.read_text())
     g["data"], g["cells"] = str(pipe), g["cells"][:1]
+    del g["eval"]["policy_options"]["max_new_tokens"]
     path = tmp_path / "grid_mixed.yaml"
     path.write_text(yaml.safe_dump(g))
-    seen = []
+    seen, limits = [], []
 
     def evaluate_checkpoint(checkpoint, tasks, scorer, toolbox, tool_fns, out, **kw):
         seen.append(tasks)
+        limits.append(kw["max_new_tokens"])
         res = [TaskResult(t.id, scores={"hybrid": 0.5}, n_turns=1, valid_replies=1) for t in tasks]
         return {"greedy": EvalResult(policy_metrics(res), res)}
 
@@ -221,6 +224,7 @@ def test_grid_data_from_a_mixed_pipeline_evaluates_every_source(grid, tmp_path, 
     tasks, sources = expected.eval_tasks()
     assert sources == ["scripted"] * 2 + ["canvascraft"] * 2
     assert [t.id for t in seen[0]] == [t.id for t in tasks]
+    assert limits == [expected.grpo.grpo.max_completion_length] == [384]
 
 
 def test_cell_records_written_by_earlier_code_are_read(grid, tmp_path):

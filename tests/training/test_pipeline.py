@@ -215,3 +215,17 @@ def test_evaluated_replies_are_as_long_as_grpo_rollout_replies_unless_set():
     assert fixed.eval_max_new_tokens == 96
     override = Pipeline(PipelineConfig.load("testbed_precision_sft800_rl360_heldout96_len384", eval_max_new_tokens=64))
     assert override.eval_max_new_tokens == 64
+
+
+def test_a_finished_evaluation_with_another_reply_limit_is_refused(tmp_path):
+    """An eval stage done at 96 tokens is not paired with stages of a 384-token config: resuming
+    names the stage and both limits. A record without a limit (older runs) passes."""
+    from canvasagent.pipeline import Pipeline
+
+    cfg = PipelineConfig.load("testbed_precision_sft800_rl360_heldout96_len384", out=str(tmp_path))
+    (tmp_path / "eval_sft").mkdir(parents=True)
+    (tmp_path / "eval_sft" / "done.json").write_text(json.dumps({"max_new_tokens": 96, "per_task": []}))
+    with pytest.raises(ValueError, match=r"eval_sft was evaluated with replies of up to 96 tokens.*asks for 384"):
+        Pipeline(cfg).run(only=["eval_sft"])
+    (tmp_path / "eval_sft" / "done.json").write_text(json.dumps({"per_task": []}))
+    assert Pipeline(cfg).run(only=["eval_sft"])["eval_sft"] == {"per_task": []}
