@@ -46,7 +46,7 @@ class PipelineConfig:
     n_eval_base: int = 8
     # Tokens one evaluated reply may have; None: the GRPO run's max_completion_length, so a reply a
     # rollout can finish is not cut short in evaluation (GRPO also caps the episode at that total).
-    eval_max_new_tokens: int | None = None
+    eval_max_new_tokens: int | None = 96
     # Besides greedy decoding, trained policies are also evaluated by sampling at the training
     # temperature (what GRPO optimises): `eval_samples` episodes per task.
     eval_samples: int = 4
