@@ -95,6 +95,8 @@ class PipelineConfig:
     def validate(self) -> None:
         if self.data not in DATA_MODES:
             raise ValueError(f"unknown pipeline data {self.data!r} ({' | '.join(DATA_MODES)})")
+        if self.eval_max_new_tokens is not None and self.eval_max_new_tokens < 1:
+            raise ValueError(f"eval_max_new_tokens must be at least 1 or null, not {self.eval_max_new_tokens}")
         unknown = set(self.cc_rl_targets) - {"reasoning", "length", "diversity"}
         if unknown:
             raise ValueError(f"cc_rl_targets: unknown axes {sorted(unknown)} (reasoning, length, diversity)")
@@ -161,7 +163,7 @@ class Pipeline:
     @property
     def eval_max_new_tokens(self) -> int:
         """The per-reply token limit of every evaluation stage (`PipelineConfig.eval_max_new_tokens`)."""
-        return self.cfg.eval_max_new_tokens or self.grpo.grpo.max_completion_length
+        return self.grpo.grpo.max_completion_length if self.cfg.eval_max_new_tokens is None else self.cfg.eval_max_new_tokens
 
     def train_data(self, kind: str) -> dict[str, Any]:
         """The training config fields that point a `kind` (sft | grpo) run at this pipeline's data:

@@ -215,6 +215,8 @@ def test_evaluated_replies_are_as_long_as_grpo_rollout_replies_unless_set():
     assert fixed.eval_max_new_tokens == 96
     override = Pipeline(PipelineConfig.load("testbed_precision_sft800_rl360_heldout96_len384", eval_max_new_tokens=64))
     assert override.eval_max_new_tokens == 64
+    with pytest.raises(ValueError, match="eval_max_new_tokens must be at least 1"):
+        PipelineConfig.load("testbed_precision_sft800_rl360_heldout96_len384", eval_max_new_tokens=0)
 
 
 def test_a_finished_evaluation_with_another_reply_limit_is_refused(tmp_path):
