@@ -254,22 +254,24 @@ class Pipeline:
         out["eval_chains"] = {source: dict(Counter("+".join(t.expected_tools) for t in tasks)) for source, tasks in sets.items()}
         return out
 
-    def _evaluate(self, model_dir: Path, name: str, limit: int | None = None) -> dict[str, Any]:
-        """All held-out tasks in one `evaluate_checkpoint` run (resumable, under <stage>/greedy|sampled); metrics overall and per source."""
+    def _evaluate(self, model_dir: Path, name: str) -> dict[str, Any]:
+        """All held-out tasks (the first `limit` of each source for eval_base) in one
+        `evaluate_checkpoint` run under the stage's `eval_inputs` (resumable, under
+        <stage>/greedy|sampled); metrics overall and per source."""
         from canvasagent.training.common import workspace
         from canvasagent.training.evaluate import evaluate_checkpoint
         from canvasagent.training.rewarding import make_scorer
 
-        ws = workspace(self.sft)
+        ws, e = workspace(self.sft), self.eval_inputs(name)
         toolbox = ws.env_cls.toolbox()
-        scorer = make_scorer(self.cfg.eval_preset or self.grpo.grpo.reward_preset, self.grpo.grpo.judge, toolbox)
-        tasks, sources = self.eval_tasks(limit)
+        scorer = make_scorer(e["preset"], e["judge"], toolbox)
+        tasks, sources = self.eval_tasks(e["limit"])
         index = {s: [i for i, x in enumerate(sources) if x == s] for s in dict.fromkeys(sources)}
-        res = evaluate_checkpoint(model_dir, tasks, scorer, toolbox, ws.tool_fns, self.out / name, max_turns=self.grpo.grpo.max_turns,
-                                  max_new_tokens=self.eval_max_new_tokens, temperature=self.grpo.grpo.temperature,
-                                  samples=self.cfg.eval_samples, seed=self.cfg.seed, image_budget=self.grpo.image_budget)
+        res = evaluate_checkpoint(model_dir, tasks, scorer, toolbox, ws.tool_fns, self.out / name, max_turns=e["max_turns"],
+                                  max_new_tokens=e["max_new_tokens"], temperature=e["temperature"], samples=e["samples"],
+                                  seed=e["seed"], image_budget=e["image_budget"])
         out: dict[str, Any] = {"model": str(model_dir), "scorer": scorer.source, "task_sources": sources,
-                               "max_new_tokens": self.eval_max_new_tokens, "by_source": {s: {} for s in index}}
+                               "max_new_tokens": e["max_new_tokens"], "by_source": {s: {} for s in index}}
         for mode, suffix in (("greedy", ""), ("sampled", "_sampled")):
             if mode in res:
                 out.update({f"metrics{suffix}": res[mode].metrics, f"per_task{suffix}": res[mode].scores})
@@ -280,7 +282,7 @@ class Pipeline:
     def stage_eval_base(self) -> dict[str, Any]:
         from canvasagent.training.common import resolve_model_path
 
-        return self._evaluate(Path(resolve_model_path(self.sft)), "eval_base", limit=self.cfg.n_eval_base)
+        return self._evaluate(Path(resolve_model_path(self.sft)), "eval_base")
 
     def stage_report(self) -> dict[str, Any]:
         from canvasagent.training.report import write_report
@@ -303,18 +305,18 @@ class Pipeline:
             if (only and stage not in only) or (stage == "eval_base" and self.cfg.skip_base_eval):
                 continue
             fn, *args = plan[stage]
-            results[stage] = self.stages.run(stage, fn, *args, isolate=isolate and stage != "report", rerun=stage == "report")
-            self._same_reply_limit(stage, results[stage])
+            results[stage] = self.stages.run(stage, fn, *args, isolate=isolate and stage != "report", rerun=stage == "report",
+                                             inputs=self.eval_inputs(stage) if stage.startswith("eval_") else None)
         return results
 
-    def _same_reply_limit(self, stage: str, record: dict[str, Any]) -> None:
-        """Refuses a finished evaluation stage whose reply limit is not this config's: its scores would
-        be paired with stages that cut replies elsewhere. Records written before the limit was
-        recorded hold none and pass."""
-        got = record.get("max_new_tokens") if stage.startswith("eval_") else None
-        if got is not None and got != self.eval_max_new_tokens:
-            raise ValueError(f"{self.out / stage} was evaluated with replies of up to {got} tokens, this config "
-                             f"asks for {self.eval_max_new_tokens}: use another --out or remove that stage")
+    def eval_inputs(self, stage: str) -> dict[str, Any]:
+        """What an evaluation stage's scores depend on besides its checkpoint and the held-out tasks:
+        its stage is refused when these differ from the ones it started with (`StaleStage`), so
+        every stage paired in a report cut, sampled and scored replies alike."""
+        return {"max_new_tokens": self.eval_max_new_tokens, "max_turns": self.grpo.grpo.max_turns,
+                "temperature": self.grpo.grpo.temperature, "samples": self.cfg.eval_samples, "seed": self.cfg.seed,
+                "preset": self.cfg.eval_preset or self.grpo.grpo.reward_preset, "judge": self.grpo.grpo.judge,
+                "image_budget": self.grpo.image_budget, "limit": self.cfg.n_eval_base if stage == "eval_base" else None}
 
 
 def run_pipeline(cfg: PipelineConfig, only: list[str] | None = None, isolate: bool = True) -> dict[str, Any]:

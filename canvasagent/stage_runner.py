@@ -10,6 +10,13 @@ written atomically when the stage returns. `run` returns a done stage's record w
 the stage; a stage that raised or was killed left none and runs again (resuming from what it
 kept in its folder is its own business: `train` resumes from the last checkpoint).
 
+A stage may name its `inputs`: the settings its result depends on beyond its code (an
+evaluation's reply limit, a grid cell's reward). They are kept in `<root>/<s>/inputs.json` from the
+stage's first start, and a call with other inputs is refused (`StaleStage`, naming the keys that
+differ) whether the stage is done or was interrupted, so a resumed run never pairs, or finishes,
+work done under other settings. A folder without `inputs.json` (written before stages named their
+inputs) is taken as it is.
+
 `train(cfg)` is the training stage, run in this process or isolated; `train_command(...)` runs the
 `canvasagent.train` command line under a launcher of choice (e.g. `accelerate launch` across GPUs).
 
@@ -49,6 +56,10 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _REPO_ROOT = Path(__file__).resolve().parents[1]  # holds canvasagent/, toolserver/, rewards/, canvascraft/
+
+
+class StaleStage(ValueError):
+    """A stage's folder holds work done under other inputs than this call's."""
 
 
 class StageFailed(RuntimeError):
@@ -303,9 +314,13 @@ class StagedRun:
         return record if isinstance(record, dict) else None
 
     def run(self, stage: str, fn: Callable[..., dict[str, Any]], *args: Any, isolate: bool = False,
-            rerun: bool = False, **kwargs: Any) -> dict[str, Any]:
+            rerun: bool = False, inputs: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
         """The stage's record: the recorded one if it is done (unless `rerun`), else
-        `fn(*args, **kwargs)` run through `run_stage`, its record written."""
+        `fn(*args, **kwargs)` run through `run_stage`, its record written. `inputs` (JSON-able
+        settings; see the module docstring) must match the ones the stage first started with, else
+        `StaleStage`; `rerun` replaces them."""
+        if inputs is not None:
+            self._hold_inputs(stage, inputs, replace=rerun)
         if not rerun and (prev := self.done(stage)) is not None:
             log.info("[%s] %s: done already, skipping", self.label, stage)
             return prev
@@ -317,3 +332,32 @@ class StagedRun:
         (folder / "done.json.tmp").replace(folder / "done.json")
         log.info("[%s] %s: finished in %.1fs, peak RSS %s MB", self.label, stage, r.seconds, record.get("peak_rss_mb"))
         return record
+
+    def stale(self, stage: str, inputs: dict[str, Any]) -> str | None:
+        """Why the stage's folder holds work under other inputs than `inputs` (the keys that
+        differ, both ways); None when it holds none, or theirs are the same or unknown."""
+        kept, wanted = self._kept_inputs(stage), json.loads(json.dumps(inputs, default=_jsonable))  # as read back from disk
+        if kept is None or kept == wanted:
+            return None
+        diff = "; ".join(f"{k}: {kept.get(k)!r} there, {wanted.get(k)!r} now"
+                         for k in sorted(kept.keys() | wanted.keys()) if kept.get(k) != wanted.get(k))
+        return (f"{self.root / stage} holds work done under other inputs than this run's ({diff}). "
+                f"Use another output folder, or delete {self.root / stage} to redo that stage.")
+
+    def _kept_inputs(self, stage: str) -> dict[str, Any] | None:
+        try:
+            kept = json.loads((self.root / stage / "inputs.json").read_text())
+        except (OSError, ValueError):  # none, or torn by a kill while written: never started under it
+            return None
+        return kept if isinstance(kept, dict) else None
+
+    def _hold_inputs(self, stage: str, inputs: dict[str, Any], replace: bool) -> None:
+        if not replace:
+            if reason := self.stale(stage, inputs):
+                raise StaleStage(reason)
+            if self._kept_inputs(stage) is not None or self.done(stage) is not None:
+                return  # held already, or done before stages named their inputs (unknown, taken as it is)
+        folder = self.root / stage
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "inputs.json.tmp").write_text(json.dumps(inputs, indent=2, sort_keys=True, default=_jsonable))
+        (folder / "inputs.json.tmp").replace(folder / "inputs.json")

@@ -34,7 +34,7 @@ from canvasagent.core.plotting import ema, figure
 from canvasagent.evaluation.metrics import paired_difference, summarize
 from canvasagent.evaluation.report import markdown_table, metrics_table, write_report
 from canvasagent.evaluation.tasks_io import load_tasks, write_tasks
-from canvasagent.stage_runner import StagedRun, StageFailed, train_command
+from canvasagent.stage_runner import StagedRun, StageFailed, StaleStage, train_command
 from rewards.hybrid import canonical_scores
 from toolserver.config import find_config, from_dict, load_yaml
 
@@ -307,7 +307,15 @@ class AblationRunner:
 
     def run_cell(self, cell: CellSpec) -> CellResult:
         """The cell's stage: its training stages (shared SFT, its GRPO), then its evaluation."""
-        return CellResult.from_record(self.stages.run(f"cells/{slug(cell.name)}", self._cell, cell))
+        return CellResult.from_record(self.stages.run(f"cells/{slug(cell.name)}", self._cell, cell, inputs=self.cell_inputs(cell)))
+
+    def cell_inputs(self, cell: CellSpec) -> dict[str, Any]:
+        """What a cell's result depends on: its spec, the grid's data, training and evaluation
+        sections (the GRPO config also sets how every cell is evaluated: its tools, temperature and
+        reply limit). A cell begun under other ones is refused (`StaleStage`), finished or not."""
+        return {"cell": asdict(cell), "data": self.cfg.data,
+                "train": {k: v for k, v in asdict(self.cfg.train).items() if k != "launcher"},  # where it runs, not what
+                "eval": {k: v for k, v in asdict(self.cfg.eval).items() if k != "workers"}}  # unused
 
     def _cell(self, cell: CellSpec) -> dict[str, Any]:
         sft = self._sft() if cell.sft else None
@@ -323,6 +331,9 @@ class AblationRunner:
         """Run every cell (or the cells named in `only`); the table covers every finished cell."""
         results: dict[str, CellResult] = {}
         failures: dict[str, str] = {}
+        # Before any cell trains: a grid resumed under changed settings is refused whole, not at its n-th cell.
+        if stale := [r for c in self.cfg.cells if not (only and c.name not in only) and (r := self.stages.stale(f"cells/{slug(c.name)}", self.cell_inputs(c)))]:
+            raise StaleStage("\n".join(stale))
         for cell in self.cfg.cells:
             if only and cell.name not in only:
                 if done := self.stages.done(f"cells/{slug(cell.name)}"):

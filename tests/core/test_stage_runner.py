@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from canvasagent.stage_runner import PeakRSS, StagedRun, StageFailed, rss_mb, run_stage
+from canvasagent.stage_runner import PeakRSS, StagedRun, StageFailed, StaleStage, rss_mb, run_stage
 
 
 def _hold(mb: int, seconds: float) -> dict:
@@ -125,6 +127,47 @@ def test_a_record_written_by_the_earlier_stage_code_is_understood(tmp_path):
     (tmp_path / "grpo").mkdir()
     (tmp_path / "grpo" / "done.json").write_text('{"final": "/x/gr')
     assert StagedRun(tmp_path).done("grpo") is None
+
+
+def test_a_stage_begun_under_other_inputs_is_refused_done_or_interrupted(tmp_path):
+    calls = tmp_path / "calls"
+    stages = StagedRun(tmp_path / "run")
+    with pytest.raises(ValueError, match="killed"):  # interrupted: inputs kept, no record
+        stages.run("eval", _fail, "killed", inputs={"max_new_tokens": 96, "samples": 4})
+    with pytest.raises(StaleStage, match=r"run/eval holds work done under other inputs.*max_new_tokens: 96 there, 384 now\)"):
+        stages.run("eval", _count, str(calls), 0.5, inputs={"max_new_tokens": 384, "samples": 4})
+    assert not calls.exists()
+    stages.run("eval", _count, str(calls), 0.5, inputs={"samples": 4, "max_new_tokens": 96})  # key order is not a difference
+    done = stages.done("eval")
+    with pytest.raises(StaleStage, match=r"samples: 4 there, None now; temperature: None there, 1.0 now"):
+        stages.run("eval", _count, str(calls), 0.9, inputs={"max_new_tokens": 96, "temperature": 1.0})
+    assert stages.run("eval", _count, str(calls), 0.9, inputs={"max_new_tokens": 96, "samples": 4}) == done
+    assert calls.read_text() == "x"
+    # rerun replaces the inputs; a stage named without inputs is never checked.
+    assert stages.run("eval", _count, str(calls), 0.7, inputs={"max_new_tokens": 384}, rerun=True)["value"] == pytest.approx(0.7)
+    assert stages.stale("eval", {"max_new_tokens": 384}) is None and stages.run("eval", _fail, "must not run") == stages.done("eval")
+    # A torn inputs file (killed while written) holds nothing: it is written again.
+    (tmp_path / "run" / "torn").mkdir()
+    (tmp_path / "run" / "torn" / "inputs.json").write_text('{"max_new_')
+    stages.run("torn", _count, str(calls), 0.1, inputs={"max_new_tokens": 8})
+    assert json.loads((tmp_path / "run" / "torn" / "inputs.json").read_text()) == {"max_new_tokens": 8}
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=st.dictionaries(st.text(max_size=8), _JSON, max_size=4), second=st.dictionaries(st.text(max_size=8), _JSON, max_size=4))
+def test_inputs_are_refused_exactly_when_they_read_back_different(tmp_path_factory, first, second):
+    stages = StagedRun(tmp_path_factory.mktemp("run"))
+    stages.run("s", lambda: {"ok": 1}, inputs=first)
+    differs = json.loads(json.dumps(first)) != json.loads(json.dumps(second))
+    assert (stages.stale("s", second) is not None) == differs
+    if differs:
+        with pytest.raises(StaleStage):
+            stages.run("s", lambda: {"ok": 2}, inputs=second)
+    assert stages.run("s", lambda: {"ok": 3}, inputs=first)["ok"] == 1
 
 
 def test_a_stage_that_raised_leaves_no_record_and_runs_again(tmp_path):

@@ -95,6 +95,27 @@ def test_failed_cell_is_reported_and_retried(grid, tmp_path):
     assert out["failures"] == {} and [k for k, _ in trainer.calls] == ["grpo"]  # only the failed cell reruns
 
 
+def test_a_grid_resumed_under_changed_settings_is_refused_before_anything_trains(grid, tmp_path):
+    """A finished grid rerun with another reply limit, or with a cell's reward changed, names
+    every stale cell and what changed, and trains nothing; the unchanged grid resumes."""
+    from canvasagent.stage_runner import StaleStage
+
+    AblationRunner(AblationConfig.load(grid), tmp_path / "abl", FakeTrainer(), fake_evaluator([])).run()
+    longer = AblationConfig.load(grid)
+    longer.eval.policy_options["max_new_tokens"] = 384
+    trainer = FakeTrainer()
+    with pytest.raises(StaleStage, match=r"(?s)sft-only holds work.*'max_new_tokens': 8.*'max_new_tokens': 384.*w-o-process-reward holds"):
+        AblationRunner(longer, tmp_path / "abl", trainer, fake_evaluator([])).run()
+    assert trainer.calls == []
+    other_reward = AblationConfig.load(grid)
+    other_reward.cells[2].reward_preset = "no-process"
+    with pytest.raises(StaleStage, match=r"sft-rl holds work done under other inputs than this run's \(cell: ") as e:
+        AblationRunner(other_reward, tmp_path / "abl", FakeTrainer(), fake_evaluator([])).run()
+    assert "sft-only" not in str(e.value)  # only the cell whose spec changed
+    assert AblationRunner(AblationConfig.load(grid), tmp_path / "abl", trainer, fake_evaluator([])).run()["failures"] == {}
+    assert trainer.calls == []
+
+
 def test_cli_trainer_runs_a_subprocess_and_resumes(tmp_path):
     script = tmp_path / "fake_train.py"
     script.write_text(textwrap.dedent("""

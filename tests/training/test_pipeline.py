@@ -219,15 +219,23 @@ def test_evaluated_replies_are_as_long_as_grpo_rollout_replies_unless_set():
         PipelineConfig.load("testbed_precision_sft800_rl360_heldout96_len384", eval_max_new_tokens=0)
 
 
-def test_a_finished_evaluation_with_another_reply_limit_is_refused(tmp_path):
-    """An eval stage done at 96 tokens is not paired with stages of a 384-token config: resuming
-    names the stage and both limits. A record without a limit (older runs) passes."""
+def test_an_evaluation_begun_with_another_reply_limit_is_refused_finished_or_not(tmp_path):
+    """An eval stage begun at 96 tokens is neither paired with stages of a 384-token config when
+    done nor finished at 384 when interrupted: resuming names the stage and both limits. The same
+    config resumes it; a record from before stages kept their inputs passes."""
     from canvasagent.pipeline import Pipeline
+    from canvasagent.stage_runner import StaleStage
 
-    cfg = PipelineConfig.load("testbed_precision_sft800_rl360_heldout96_len384", out=str(tmp_path))
-    (tmp_path / "eval_sft").mkdir(parents=True)
-    (tmp_path / "eval_sft" / "done.json").write_text(json.dumps({"max_new_tokens": 96, "per_task": []}))
-    with pytest.raises(ValueError, match=r"eval_sft was evaluated with replies of up to 96 tokens.*asks for 384"):
-        Pipeline(cfg).run(only=["eval_sft"])
-    (tmp_path / "eval_sft" / "done.json").write_text(json.dumps({"per_task": []}))
-    assert Pipeline(cfg).run(only=["eval_sft"])["eval_sft"] == {"per_task": []}
+    at96 = Pipeline(PipelineConfig.load("testbed_precision_sft800_rl360_heldout96", out=str(tmp_path)))
+    at384 = PipelineConfig.load("testbed_precision_sft800_rl360_heldout96_len384", out=str(tmp_path))
+    stage = tmp_path / "eval_sft"
+    stage.mkdir()
+    (stage / "inputs.json").write_text(json.dumps(at96.eval_inputs("eval_sft")))  # as the stage left it when killed
+    with pytest.raises(StaleStage, match=r"eval_sft holds work done under other inputs.*max_new_tokens: 96 there, 384 now"):
+        Pipeline(at384).run(only=["eval_sft"])
+    (stage / "done.json").write_text(json.dumps({"max_new_tokens": 96, "per_task": []}))
+    with pytest.raises(StaleStage, match="max_new_tokens: 96 there, 384 now"):
+        Pipeline(at384).run(only=["eval_sft"])
+    assert at96.run(only=["eval_sft"])["eval_sft"] == {"max_new_tokens": 96, "per_task": []}
+    (stage / "inputs.json").unlink()
+    assert Pipeline(at384).run(only=["eval_sft"])["eval_sft"] == {"max_new_tokens": 96, "per_task": []}
