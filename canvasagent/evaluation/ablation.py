@@ -74,7 +74,8 @@ class EvalSection:
     workers: int = 1  # unused (tasks run in order, seeded); kept so existing grids load
     limit: int | None = None
     samples: int = 0  # besides greedy: episodes per task sampled at the GRPO temperature
-    # max_new_tokens (absent: the GRPO config's max_completion_length, as long a reply as a rollout's),
+    # max_new_tokens (null or absent: the GRPO config's max_completion_length, as long a reply as a rollout's,
+    # as the pipeline's eval_max_new_tokens: null),
     # HFGenerationConfig fields (dtype, device); the layout and tools are the training ones.
     policy_options: dict[str, Any] = field(default_factory=lambda: {"layout": "train"})
 
@@ -101,6 +102,9 @@ class AblationConfig:
         names = [slug(c.name) for c in cells]
         if len(set(names)) != len(names):
             raise ValueError(f"{name_or_path}: cell names must be unique")
+        limit = cfg.eval.policy_options.get("max_new_tokens")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"{name_or_path}: eval.policy_options.max_new_tokens must be an integer of at least 1 or null, not {limit!r}")
         return cfg
 
 
@@ -293,7 +297,7 @@ class AblationRunner:
         try:
             res = evaluate_checkpoint(
                 checkpoint, tasks, make_scorer(e.preset, e.judge, toolbox, every_judge=True),
-                toolbox, ws.tool_fns, out, max_turns=e.max_turns, max_new_tokens=int(options.pop("max_new_tokens", grpo.grpo.max_completion_length)),
+                toolbox, ws.tool_fns, out, max_turns=e.max_turns, max_new_tokens=options.pop("max_new_tokens", None) or grpo.grpo.max_completion_length,
                 temperature=grpo.grpo.temperature, samples=e.samples, seed=self._data["seed"] if self.cfg.data else 0,
                 image_budget=grpo.image_budget, generation=options)
         finally:

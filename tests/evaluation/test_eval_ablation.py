@@ -116,6 +116,16 @@ def test_a_grid_resumed_under_changed_settings_is_refused_before_anything_trains
     assert trainer.calls == []
 
 
+@pytest.mark.parametrize("limit", [0, -5, 2.5, "96", True])
+def test_a_grid_with_an_unusable_reply_limit_is_refused_at_load(grid, tmp_path, limit):
+    g = yaml.safe_load(grid.read_text())
+    g["eval"]["policy_options"]["max_new_tokens"] = limit
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(g))
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer of at least 1 or null"):
+        AblationConfig.load(path)
+
+
 def test_cli_trainer_runs_a_subprocess_and_resumes(tmp_path):
     script = tmp_path / "fake_train.py"
     script.write_text(textwrap.dedent("""
@@ -213,7 +223,7 @@ def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid
 def test_grid_data_from_a_mixed_pipeline_evaluates_every_source(grid, tmp_path, monkeypatch):
     """A pipeline of two sources (scripted + CanvasCraft) feeds the grid as it feeds the pipeline:
     the runs get its data fields, and every cell is evaluated on the held-out tasks of both, its
-    replies as long as the GRPO runs' (no max_new_tokens in the grid: max_completion_length)."""
+    replies as long as the GRPO runs' (max_new_tokens null: max_completion_length)."""
     from canvasagent.pipeline import Pipeline, PipelineConfig
 
     pipe = tmp_path / "pipe.yaml"
@@ -224,7 +234,7 @@ def test_grid_data_from_a_mixed_pipeline_evaluates_every_source(grid, tmp_path, 
     }))
     g = yaml.safe_load(grid.read_text())
     g["data"], g["cells"] = str(pipe), g["cells"][:1]
-    del g["eval"]["policy_options"]["max_new_tokens"]
+    g["eval"]["policy_options"]["max_new_tokens"] = None  # as the pipeline's eval_max_new_tokens: null
     path = tmp_path / "grid_mixed.yaml"
     path.write_text(yaml.safe_dump(g))
     seen, limits = [], []
