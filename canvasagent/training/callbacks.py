@@ -37,6 +37,7 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("KL and entropy", ("kl", "entropy")),
     ("clip ratio", ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean")),
     ("judge fallbacks", ("rewards/judge_fallbacks/mean",)),
+    ("greedy members (reward; minus their group's samples)", ("greedy/reward", "greedy/minus_sampled")),
     ("SFT token accuracy", ("mean_token_accuracy",)),
 )
 

@@ -102,6 +102,9 @@ class GRPOSection:
     # sequence: GRPO's one advantage per rollout. turn: each model turn against the group's
     # rollouts that reached that turn (canvasagent/training/turn_credit.py).
     credit: str = "sequence"
+    # The first k rollouts of every group decoded greedily (every turn), so the advantage moves the
+    # policy's argmax: what greedy evaluation runs. 0: every rollout sampled (TRL's GRPO).
+    greedy_members: int = 0
 
 
 @dataclass
@@ -195,6 +198,10 @@ class TrainConfig:
                 raise ValueError("grpo.tool_collapse_share must be in (0, 1] and grpo.tool_collapse_steps >= 1")
             if g.credit not in CREDITS:
                 raise ValueError(f"grpo.credit must be one of {CREDITS}, got {g.credit!r}")
+            if not 0 <= g.greedy_members < g.num_generations:
+                raise ValueError(f"grpo.greedy_members must be 0 to grpo.num_generations - 1 ({g.num_generations - 1}), got {g.greedy_members}")
+            if g.greedy_members and g.use_vllm:
+                raise ValueError("grpo.greedy_members needs the transformers generation backend, not vLLM")
 
     def resolve(self, path: str | None) -> Path | None:
         """Config paths are relative to the repository root (configs travel with the code)."""

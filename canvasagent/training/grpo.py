@@ -94,6 +94,7 @@ def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
         tool_concurrency=ToolConcurrency.from_tools_config(load_tools_config(cfg)),
         image_budget=cfg.image_budget,
         credit=cfg.grpo.credit,
+        greedy_members=cfg.grpo.greedy_members,
     )
     return trainer, processor, ws
 

@@ -33,6 +33,13 @@ changes; the tool mask is re-spliced when the loop returns. A tool turn TRL is a
 overlong evicts nothing. The loss forward scores the final sequence (see the budget module on what
 that means for early turns).
 
+Greedy members: with ``greedy_members`` k > 0 the first k rollouts of every group are decoded
+greedily, every turn (a logits processor keeps only the argmax on their rows; the other rows sample
+as before), so each group holds the policy's argmax next to its samples and GRPO's advantage moves
+the argmax itself: up where it beats the samples, down where a sample beats it. Which rollout a
+tool-loop generation row serves is tracked as for the image budget. The transformers backend only;
+the greedy members' reward and its margin over their group's samples are logged (``greedy/*``).
+
 Per-turn credit: with ``credit="turn"`` the scored batch's (B,) advantages are replaced by (B, T)
 ones (``canvasagent.training.turn_credit``): each model turn is judged against the group's rollouts
 that reached that turn. The rewards come from TRL's own ``_calculate_rewards`` of the same batch.
@@ -47,15 +54,15 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import trl
-from transformers import Trainer
+from transformers import LogitsProcessor, LogitsProcessorList, Trainer
 from trl import GRPOTrainer
 
 from canvasagent.core.image_budget import apply_image_budget, check_budget
@@ -81,6 +88,7 @@ _OVERRIDDEN: dict[str, tuple[str, ...]] = {
 _USED_ATTRS = (
     "_tokenizer", "_is_vlm", "use_vllm", "environment_factories",
     "reward_weights", "scale_rewards", "num_generations", "multi_objective_aggregation",
+    "use_transformers_continuous_batching", "_metrics",
 )
 
 VISION_TOKENS: tuple[str, ...] = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>")
@@ -297,7 +305,8 @@ class _TurnPrefetch:
 
 
 class _RolloutBudget:
-    """The image budget over the rollouts of one `_tool_call_loop` call (see the module doc).
+    """The image budget over the rollouts of one `_tool_call_loop` call (see the module doc), and
+    which rollouts each of its generations serves (`active`); with `budget` None only the latter.
 
     Holds TRL's per-batch lists (`prompts[i]` is rollout i's whole conversation, sharing its tool
     message dicts with `completions[i]`) and, per rollout, where each tool turn sits in
@@ -326,6 +335,11 @@ class _RolloutBudget:
 
     def suffix(self, i: int, tool_messages: list[dict[str, Any]]) -> list[int]:
         """Apply the budget to rollout i after its new tool turn; returns the turn's token ids."""
+        if self.budget is None:  # rows only: TRL's own suffix, kept unless TRL drops the turn
+            suffix = self.render(tool_messages)
+            if not self.overlong(i, len(self.completion_ids[i]) + len(suffix)):
+                self.active.append(i)
+            return suffix
         conv = self.prompts[i]
         budgeted, _ = apply_image_budget(conv, self.budget)
         changed = {id(conv[k]): (conv[k], conv[k]["content"], budgeted[k]["content"])
@@ -391,6 +405,23 @@ class _RolloutBudget:
         return [[im for k, im in enumerate(imgs) if k not in self.dropped[i]] for i, imgs in enumerate(tool_images)]
 
 
+class _ArgmaxRows(LogitsProcessor):
+    """Keeps only the highest score on the given batch rows, so sampling them picks their argmax
+    (greedy decoding inside a sampled batch); `calls` counts the steps it saw."""
+
+    def __init__(self, rows: list[int]):
+        self.rows, self.calls = torch.tensor(rows), 0
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.calls += 1
+        rows = self.rows.to(scores.device)
+        kept = scores[rows]
+        top = kept.argmax(dim=-1, keepdim=True)
+        scores = scores.clone()
+        scores[rows] = torch.full_like(kept, -float("inf")).scatter(-1, top, kept.gather(-1, top))
+        return scores
+
+
 class CanvasGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose sampled turns never hold a vision placeholder token and whose environment
     tool calls run concurrently across rollouts (see the module doc).
@@ -398,15 +429,18 @@ class CanvasGRPOTrainer(GRPOTrainer):
     `tool_concurrency`: pool size and per-tool caps (default: one thread per rollout, no caps);
     `ToolConcurrency(enabled=False)` keeps TRL's serial tool loop. `image_budget`: keep the last N
     tool images of each rollout, older ones as their asset-ID text (None: every image).
+    `greedy_members`: rollouts of each group decoded greedily (0 to num_generations - 1; the
+    transformers backend only).
     """
 
     def __init__(self, *args: Any, tool_concurrency: ToolConcurrency | None = None, image_budget: int | None = None,
-                 credit: str = "sequence", **kwargs: Any) -> None:
+                 credit: str = "sequence", greedy_members: int = 0, **kwargs: Any) -> None:
         check_trl_compat()
         self.image_budget = check_budget(image_budget)
         if credit not in CREDITS:
             raise ValueError(f"credit must be one of {CREDITS}, got {credit!r}")
         self.credit = credit
+        self.greedy_members = greedy_members
         self._scored_rewards: Any = None
         self._budget_state: _RolloutBudget | None = None
         super().__init__(*args, **kwargs)
@@ -417,6 +451,10 @@ class CanvasGRPOTrainer(GRPOTrainer):
             raise RuntimeError(f"GRPOTrainer no longer sets {missing}; re-check canvasagent/training/trl_multimodal.py")
         if credit == "turn" and self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError("credit: turn needs TRL's multi_objective_aggregation sum_then_normalize")
+        if not 0 <= greedy_members < self.num_generations:
+            raise ValueError(f"greedy_members must be 0 to num_generations - 1 ({self.num_generations - 1}), got {greedy_members}")
+        if greedy_members and (self.use_vllm or self.use_transformers_continuous_batching):
+            raise ValueError("greedy_members needs the transformers generation backend (not vLLM or continuous batching)")
         self._vision_token_ids = (
             vision_token_ids(self._tokenizer, getattr(self.model, "config", None)) if self._is_vlm else frozenset()
         )
@@ -439,12 +477,27 @@ class CanvasGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         if self.credit == "turn" and self.model.training and output.get("tool_mask") is not None:
             output["advantages"] = self._turn_advantages(output)
+        if self.greedy_members and self.model.training:
+            self._log_greedy_members()
         return output
 
-    def _turn_advantages(self, output: dict[str, Any]) -> Any:
+    def _rewards(self) -> torch.Tensor:
+        """The scored batch's weighted reward per rollout (every process's, in group order); NaN
+        where no reward function could score it, as TRL marks them."""
         per_func = self._scored_rewards
         rewards = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(per_func).all(dim=1)] = torch.nan  # unscorable, as TRL marks them
+        rewards[torch.isnan(per_func).all(dim=1)] = torch.nan
+        return rewards
+
+    def _log_greedy_members(self) -> None:
+        groups = self._rewards().cpu().view(-1, self.num_generations)
+        greedy, sampled = groups[:, :self.greedy_members], groups[:, self.greedy_members:]
+        margin = greedy.nanmean(dim=1) - sampled.nanmean(dim=1)
+        self._metrics["train"]["greedy/reward"].append(greedy.nanmean().item())
+        self._metrics["train"]["greedy/minus_sampled"].append(margin.nanmean().item())
+
+    def _turn_advantages(self, output: dict[str, Any]) -> Any:
+        rewards = self._rewards()
         index, n_turns = model_turns(output["completion_mask"], output["tool_mask"])
         all_turns = self.accelerator.gather(n_turns)
         table = turn_table(rewards.cpu(), all_turns.cpu(), self.num_generations, self.scale_rewards)
@@ -455,13 +508,15 @@ class CanvasGRPOTrainer(GRPOTrainer):
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         state = self._budget_state
+        rollouts, n_local = list(range(len(prompt_ids))), len(prompt_ids)  # the first turn: every rollout
         if state is not None:
             if images is not None and any(state.dropped[i] for i in state.active):
                 images, multimodal_fields = self._budgeted_images(state, images)
-            state.active = []
-        completion_ids, logprobs = super()._generate_single_turn(
-            prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-        )
+            rollouts, n_local, state.active = state.active, len(state.completion_ids), []
+        with self._greedy_rows(rollouts, n_local):
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
         if not self._vision_token_ids:
             return completion_ids, logprobs
         completion_ids, logprobs, n_cut = cut_at_vision_tokens(
@@ -473,6 +528,35 @@ class CanvasGRPOTrainer(GRPOTrainer):
                 "cut before it", n_cut, len(completion_ids),
             )
         return completion_ids, logprobs
+
+    @contextmanager
+    def _greedy_rows(self, rollouts: list[int], n_local: int) -> Iterator[None]:
+        """While TRL generates a turn for `rollouts` (this process's rollout index per generation
+        row; `n_local` rollouts on this process), the rows of greedy members keep only their argmax."""
+        start = self.accelerator.process_index * n_local  # rollouts are gathered in process order
+        rows = [row for row, i in enumerate(rollouts) if (start + i) % self.num_generations < self.greedy_members]
+        if not rows or not self.model.training:
+            yield
+            return
+        model, argmax = self.model, _ArgmaxRows(rows)
+        own = vars(model).get("generate")  # a test's stand-in, or none (the class's)
+        plain = model.generate
+
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            kwargs["logits_processor"] = LogitsProcessorList([*(kwargs.get("logits_processor") or []), argmax])
+            return plain(*args, **kwargs)
+
+        model.generate = generate
+        try:
+            yield
+        finally:
+            if own is None:
+                del model.generate
+            else:
+                model.generate = own
+        if not argmax.calls:
+            raise RuntimeError("TRL generated without the model's generate: greedy members cannot be decoded; "
+                               "re-check CanvasGRPOTrainer._greedy_rows against this TRL")
 
     def _budgeted_images(self, state: _RolloutBudget, images: list[Any]) -> tuple[list[Any], dict[str, Any]]:
         """A tool-loop generation's images without the dropped ones, and their processor fields
@@ -501,7 +585,7 @@ class CanvasGRPOTrainer(GRPOTrainer):
         return state.suffix(i, tool_messages)
 
     def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields):
-        if self.image_budget is None:
+        if self.image_budget is None and not self.greedy_members:
             return self._concurrent_tool_call_loop(
                 prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields
             )
