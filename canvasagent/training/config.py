@@ -25,6 +25,9 @@ class ModelSection:
     dtype: str = "float32"  # bf16 on GPUs; float32 on CPU
     tiny_seed: int = 0  # weight seed when name_or_path == "tiny"
     tiny_size: str = "xs"  # a size in canvasagent.core.models.tiny.TINY_SIZES when name_or_path == "tiny"
+    # SFT of the tiny model only: first this many text-only steps on the SFT rows' first exchange,
+    # without the system turn (canvasagent.training.tiny_warmup); 0: none.
+    tiny_warmup_steps: int = 0
     attn_implementation: str | None = None  # e.g. flash_attention_2 on GPUs
 
 
@@ -180,6 +183,11 @@ class TrainConfig:
 
         if self.model.tiny_size not in TINY_SIZES:
             raise ValueError(f"model.tiny_size {self.model.tiny_size!r} unknown; known: {sorted(TINY_SIZES)}")
+        w = self.model.tiny_warmup_steps
+        if not isinstance(w, int) or isinstance(w, bool) or w < 0:
+            raise ValueError(f"model.tiny_warmup_steps must be an integer >= 0, got {w!r}")
+        if w and self.model.name_or_path != TINY:
+            raise ValueError(f"model.tiny_warmup_steps warms up the tiny model only; name_or_path is {self.model.name_or_path!r}")
         if self.easel.coords not in ("unit", "int1000"):
             raise ValueError(f"easel.coords must be unit or int1000, got {self.easel.coords!r}")
         source.validate(self)

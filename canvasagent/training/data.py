@@ -9,7 +9,6 @@ from typing import Any, Callable
 
 from canvasagent.core.tasks import Task
 from canvasagent.training.config import TrainConfig
-from canvasagent.training.messages import fill_images
 from canvasagent.training.sources import SOURCES, get_source, source_of
 
 
@@ -29,12 +28,6 @@ def grpo_rows(cfg: TrainConfig, toolbox_factory: Callable[[], Any]) -> list[dict
 def eval_tasks(cfg: TrainConfig, n: int, seed: int, toolbox: Any, source: str = "scripted") -> list[Task]:
     """Held-out tasks of `source` (default: scripted tasks drawn with `seed`, reference images attached)."""
     return get_source(source).eval_tasks(cfg, n, seed, toolbox)
-
-
-def sft_dataset(cfg: TrainConfig, system: str, toolbox_factory: Callable[[], Any]):
-    from datasets import Dataset
-
-    return Dataset.from_list(sft_rows(cfg, system, toolbox_factory)).with_transform(fill_images)
 
 
 def grpo_dataset(cfg: TrainConfig, toolbox_factory: Callable[[], Any]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from canvasagent.training.callbacks import CompleteCheckpoints, RewardCurves
@@ -17,9 +18,10 @@ from canvasagent.training.common import (
     workspace,
 )
 from canvasagent.training.config import TrainConfig
-from canvasagent.training.data import sft_dataset
+from canvasagent.training.data import sft_rows
 from canvasagent.training.preflight import require_ready
-from canvasagent.training.messages import system_text
+from canvasagent.training.messages import fill_images, system_text
+from canvasagent.training.tiny_warmup import warm_up
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +39,20 @@ def sft_args(cfg: TrainConfig, with_deepspeed: bool = True):
 
 
 def build_sft_trainer(cfg: TrainConfig, callbacks: list | None = None):
+    from datasets import Dataset
     from trl import SFTTrainer
+
+    from canvasagent.core.models import load_processor
 
     require_ready(cfg)  # missing data, packages or services fail here, before any weights load
     ws = workspace(cfg)
+    system = system_text(load_processor(ws.model_path), ws.tool_fns, cfg.tools.family)
+    rows = sft_rows(cfg, system, ws.toolbox_factory)
+    if cfg.model.tiny_warmup_steps:
+        warm = warm_up(ws.model_path, rows, cfg.model.tiny_warmup_steps, ws.output_dir / "tiny_warm", seed=cfg.model.tiny_seed)
+        ws = replace(ws, model_path=str(warm))
     model, processor = load_model_and_processor(ws)
-    system = system_text(processor, ws.tool_fns, cfg.tools.family)
-    train = sft_dataset(cfg, system, ws.toolbox_factory)
+    train = Dataset.from_list(rows).with_transform(fill_images)
     trainer = SFTTrainer(
         model=model,
         args=sft_args(cfg),

@@ -1,0 +1,137 @@
+"""A text-only warmup of the untrained tiny model before SFT (`model.tiny_warmup_steps`).
+
+Why: a random tiny model learns to copy a call's free arguments out of the instruction within
+about 100 steps when the instruction stands alone, but not in 150 when the ~1,600-token system
+turn that every SFT row opens with (the same in each row) stands before it; after the warmup it
+learns them behind that turn in about 50 (`benchmarks/argument_learning.py`). A pretrained VLM
+arrives at SFT able to read an instruction; this gives the tiny stand-in that much.
+
+Examples come from the SFT rows themselves (nothing held out is seen): each row's first user
+turn as text (image blocks dropped, the "img_1:" labels kept) and its first assistant turn, both
+through the model's own chat template without a system turn, with the loss on the assistant turn
+alone. Training: AdamW at a constant `LEARNING_RATE`, `BATCH` examples a step, gradient norm
+clipped to 1, examples drawn with `seed`.
+
+`warm_up` writes the weights and the processor to `out_dir` and, last, `WARMUP_MARKER` naming the
+base weights, the examples, the steps and the seed; a folder whose marker matches is reused as it is
+and any other is rebuilt, so an interrupted warmup starts over (it takes minutes). It refuses a
+negative step count and rows that give no example.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+LEARNING_RATE = 5e-4
+BATCH = 8
+WARMUP_MARKER = "canvasagent_warmup.json"
+
+
+def _text_only(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = [dict(type="text", text=p["text"]) for p in content if p.get("type") == "text" and p.get("text")]
+    out = {"role": message["role"], "content": content}
+    calls = []
+    for tc in message.get("tool_calls") or []:
+        fn = dict(tc["function"])
+        if isinstance(fn.get("arguments"), str):
+            fn["arguments"] = json.loads(fn["arguments"])
+        calls.append({"type": "function", "function": fn})
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def warmup_example(processor: Any, row: dict[str, Any]) -> tuple[list[int], list[int]] | None:
+    """(token ids, labels with -100 outside the assistant turn) of a row's first exchange; None for
+    a row without a user turn followed by an assistant turn."""
+    msgs = row.get("messages") or []
+    user = next((i for i, m in enumerate(msgs) if m.get("role") == "user"), None)
+    if user is None or user + 1 >= len(msgs) or msgs[user + 1].get("role") != "assistant":
+        return None
+    pair = [_text_only(msgs[user]), _text_only(msgs[user + 1])]
+    head = processor.apply_chat_template(pair[:1], add_generation_prompt=True, tokenize=False)
+    full = processor.apply_chat_template(pair, tokenize=False)
+    tok = processor.tokenizer
+    ids_head, ids = tok(head)["input_ids"], tok(full)["input_ids"]
+    if not full.startswith(head) or ids[: len(ids_head)] != ids_head:
+        raise ValueError("the chat template renders the assistant turn into the prompt's tokens")
+    return ids, [-100] * len(ids_head) + ids[len(ids_head):]
+
+
+def _digest(base_dir: Path, examples: list[tuple[list[int], list[int]]]) -> dict[str, str]:
+    weights = hashlib.sha256()
+    for f in sorted(base_dir.glob("*.safetensors")):
+        weights.update(f.read_bytes())
+    data = hashlib.sha256(json.dumps(examples).encode()).hexdigest()
+    return {"base": weights.hexdigest(), "examples": data}
+
+
+def _batch(examples: list[tuple[list[int], list[int]]], pad: int):
+    import torch
+
+    n = max(len(x) for x, _ in examples)
+    ids = torch.full((len(examples), n), pad)
+    labels = torch.full((len(examples), n), -100)
+    mask = torch.zeros((len(examples), n), dtype=torch.long)
+    for i, (x, y) in enumerate(examples):
+        ids[i, : len(x)], labels[i, : len(y)], mask[i, : len(x)] = torch.tensor(x), torch.tensor(y), 1
+    return ids, labels, mask
+
+
+def warm_up(base_dir: str | Path, rows: list[dict[str, Any]], steps: int, out_dir: str | Path, seed: int = 0) -> Path:
+    """Warm the model in `base_dir` up on `rows` (SFT rows) for `steps` steps into `out_dir`; returns
+    `out_dir`. See the module docstring for what is trained, reused and refused."""
+    import torch
+
+    from canvasagent.core.models.loading import load_policy, load_processor
+
+    if steps < 0:
+        raise ValueError(f"tiny warmup steps must be >= 0, got {steps}")
+    base, out = Path(base_dir), Path(out_dir)
+    processor = load_processor(str(base))
+    examples = [e for r in rows if (e := warmup_example(processor, r)) is not None]
+    if not examples:
+        raise ValueError(f"none of the {len(rows)} SFT rows has a user turn followed by an assistant turn to warm up on")
+    marker = {"steps": steps, "seed": seed, "batch": BATCH, "learning_rate": LEARNING_RATE, **_digest(base, examples)}
+    if (out / WARMUP_MARKER).exists() and json.loads((out / WARMUP_MARKER).read_text()) == marker:
+        log.info("tiny warmup: %s is done already (%d steps), reusing it", out, steps)
+        return out
+    if out.exists():
+        shutil.rmtree(out)
+    model = load_policy(str(base))
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    rng, pad = random.Random(seed), processor.tokenizer.pad_token_id or 0
+    t0, every = time.perf_counter(), max(1, steps // 5)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for step in range(1, steps + 1):
+            ids, labels, mask = _batch([rng.choice(examples) for _ in range(BATCH)], pad)
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if step % every == 0 or step == steps:
+                log.info("tiny warmup: step %d/%d, loss %.3f (%.0f s)", step, steps, loss.item(), time.perf_counter() - t0)
+    # The processor's files as the builder wrote them (its own save would rename classes), then
+    # the weights and their config.
+    out.mkdir(parents=True)
+    for f in base.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy2(f, out / f.name)
+    model.save_pretrained(out)
+    (out / WARMUP_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    log.info("tiny warmup: %d steps on %d examples in %.0f s -> %s", steps, len(examples), time.perf_counter() - t0, out)
+    return out
