@@ -1,7 +1,7 @@
 """Whether the tiny policy reads a tool call's free arguments out of the instruction, and what in
 the prompt keeps it from learning to: two measurements on one pipeline run folder.
 
-    python benchmarks/argument_learning.py RUN [--steps 200] [--prefixes none system filler]
+    python benchmarks/argument_learning.py RUN [--steps 200] [--prefixes none system filler] [--warm-steps N]
         [--probe [--checkpoint DIR]] [--results FILE]
 
 RUN is a pipeline run folder (`canvasagent pipeline --out RUN`, or a seed folder of
@@ -20,7 +20,8 @@ reference calls of that kind (never in an SFT row).
   turn that SFT, GRPO and evaluation render (our prompt and the chat template's tool block, about
   1,600 tokens), the same in every example; `filler`: as many tokens of random words, also the same
   in every example. So `none` against `system` says whether the long constant prompt is what slows
-  the learning, and `filler` whether its length alone does.
+  the learning, and `filler` whether its length alone does. `--warm-steps N` adds a run with the
+  system prefix after N steps without any (what `model.tiny_warmup_steps` does before SFT).
 * **probe** (`--probe`): the run's SFT checkpoint, in the training layout with the task's image, on
   the first turn of single-call Overlay tasks (`--probe-n` SFT rows and as many held-out tasks), ranks the 10 contents
   (and 7 positions) by the summed log-probability of each as the next tokens of its reply; top-1
@@ -148,8 +149,9 @@ def answer_accuracy(model: Any, encoded: list[tuple[list[int], list[int]]]) -> t
     return right / total, exact / len(encoded)
 
 
-def learn(run: Path, kind: str, steps: int, lr: float, seed: int, n_eval: int) -> list[tuple[int, float, float, float]]:
-    """[(step, answer-token accuracy, exact share, seconds)] on held-out examples, from the tiny base."""
+def learn(run: Path, kind: str, steps: int, lr: float, seed: int, n_eval: int, warm: int = 0) -> list[tuple[int, float, float, float]]:
+    """[(step, answer-token accuracy, exact share, seconds)] on held-out examples, from the tiny base;
+    with `warm`, that many steps without a prefix come first (not counted in `step`)."""
     import torch
     from transformers import AutoModelForImageTextToText
 
@@ -166,19 +168,30 @@ def learn(run: Path, kind: str, steps: int, lr: float, seed: int, n_eval: int) -
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     model.train()
-    points, t0 = [], time.perf_counter()
-    marks = {round(steps * q / 4) for q in (1, 2, 3, 4)}
-    for step in range(1, steps + 1):
-        ids, labels, mask = _batch([rng.choice(train_enc) for _ in range(BATCH)], tok.pad_token_id or 0)
+
+    def step_on(pool: list) -> float:
+        ids, labels, mask = _batch([rng.choice(pool) for _ in range(BATCH)], tok.pad_token_id or 0)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        return loss.item()
+
+    points, t0 = [], time.perf_counter()
+    bare = [encode(tok, "", e) for e in train]
+    for _ in range(warm):
+        step_on(bare)
+    if warm:
+        acc, exact = answer_accuracy(model, held_enc)
+        points.append((0, acc, exact, time.perf_counter() - t0))
+    marks = {round(steps * q / 4) for q in (1, 2, 3, 4)}
+    for step in range(1, steps + 1):
+        loss = step_on(train_enc)
         if step in marks:
             acc, exact = answer_accuracy(model, held_enc)
             points.append((step, acc, exact, time.perf_counter() - t0))
-            print(f"  {kind}: step {step}, loss {loss.item():.3f}, held-out answer tokens {acc:.3f}, exact {exact:.3f}", file=sys.stderr, flush=True)
+            print(f"  {kind}: step {step}, loss {loss:.3f}, held-out answer tokens {acc:.3f}, exact {exact:.3f}", file=sys.stderr, flush=True)
     return points
 
 
@@ -256,12 +269,13 @@ def report(run: Path, learned: dict[str, list], probed: dict | None, args: argpa
              f"Overlayer text calls: {len(train)} SFT examples, {min(len(held), args.eval_n)} held-out examples "
              f"measured (of {len(held)}).", ""]
     if learned:
+        cols = sorted({s for pts in learned.values() for s, *_ in pts})
         lines += [f"Learned from the untrained tiny base, text only, batches of {BATCH}, rate {args.lr} "
-                  "(held-out, teacher-forced: answer-token accuracy / exact answers):", "",
-                  "| prefix | " + " | ".join(f"step {s}" for s, *_ in next(iter(learned.values()))) + " | seconds |",
-                  "|---|" + "---|" * (len(next(iter(learned.values()))) + 1)]
+                  "(held-out, teacher-forced: answer-token accuracy / exact answers; step 0: after the warmup):", "",
+                  "| prefix | " + " | ".join(f"step {s}" for s in cols) + " | seconds |", "|---|" + "---|" * (len(cols) + 1)]
         for kind, pts in learned.items():
-            lines.append(f"| {kind} | " + " | ".join(f"{a:.3f} / {e:.3f}" for _, a, e, _ in pts) + f" | {pts[-1][3]:.0f} |")
+            at = {s: f"{a:.3f} / {e:.3f}" for s, a, e, _ in pts}
+            lines.append(f"| {kind} | " + " | ".join(at.get(s, "") for s in cols) + f" | {pts[-1][3]:.0f} |")
         lines.append("")
     if probed:
         keys = list(next(iter(probed.values())))
@@ -282,6 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warm-steps", type=int, default=0, help="also: the system prefix after this many steps without one")
     ap.add_argument("--eval-n", type=int, default=40, help="held-out examples measured during learning")
     ap.add_argument("--probe", action="store_true", help="also probe the run's SFT checkpoint")
     ap.add_argument("--probe-n", type=int, default=24, help="examples of each kind the probe ranks")
@@ -292,6 +307,9 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.manual_seed(args.seed)
     learned = {k: learn(args.run, k, args.steps, args.lr, args.seed, args.eval_n) for k in args.prefixes}
+    if args.warm_steps:
+        learned[f"system, after {args.warm_steps} steps without it"] = learn(
+            args.run, "system", args.steps, args.lr, args.seed, args.eval_n, warm=args.warm_steps)
     probed = probe(args.run, args.probe_n, args.checkpoint) if args.probe else None
     text = report(args.run, learned, probed, args)
     print(text)
