@@ -122,18 +122,6 @@ def encode(tokenizer: Any, prefix: str, ex: Example) -> tuple[list[int], list[in
     return ids, [-100] * len(ids_head) + ids[len(ids_head):]
 
 
-def _batch(encoded: list[tuple[list[int], list[int]]], pad: int):
-    import torch
-
-    n = max(len(x) for x, _ in encoded)
-    ids = torch.full((len(encoded), n), pad)
-    labels = torch.full((len(encoded), n), -100)
-    mask = torch.zeros((len(encoded), n), dtype=torch.long)
-    for i, (x, y) in enumerate(encoded):
-        ids[i, : len(x)], labels[i, : len(y)], mask[i, : len(x)] = torch.tensor(x), torch.tensor(y), 1
-    return ids, labels, mask
-
-
 def answer_accuracy(model: Any, encoded: list[tuple[list[int], list[int]]]) -> tuple[float, float]:
     """(answer-token accuracy, share of exact answers), teacher-forced argmax."""
     import torch
@@ -156,6 +144,7 @@ def learn(run: Path, kind: str, steps: int, lr: float, seed: int, n_eval: int, w
     from transformers import AutoModelForImageTextToText
 
     from canvasagent.core.models.loading import load_processor
+    from canvasagent.training.tiny_warmup import pad_batch
 
     base = run / "sft" / "tiny_base"
     processor = load_processor(str(base))
@@ -170,7 +159,7 @@ def learn(run: Path, kind: str, steps: int, lr: float, seed: int, n_eval: int, w
     model.train()
 
     def step_on(pool: list) -> float:
-        ids, labels, mask = _batch([rng.choice(pool) for _ in range(BATCH)], tok.pad_token_id or 0)
+        ids, labels, mask = pad_batch([rng.choice(pool) for _ in range(BATCH)], tok.pad_token_id or 0)
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
         loss.backward()

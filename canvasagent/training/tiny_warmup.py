@@ -77,7 +77,8 @@ def _digest(base_dir: Path, examples: list[tuple[list[int], list[int]]]) -> dict
     return {"base": weights.hexdigest(), "examples": data}
 
 
-def _batch(examples: list[tuple[list[int], list[int]]], pad: int):
+def pad_batch(examples: list[tuple[list[int], list[int]]], pad: int):
+    """(input ids, labels, attention mask) tensors of (ids, labels) pairs, right-padded."""
     import torch
 
     n = max(len(x) for x, _ in examples)
@@ -117,7 +118,7 @@ def warm_up(base_dir: str | Path, rows: list[dict[str, Any]], steps: int, out_di
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for step in range(1, steps + 1):
-            ids, labels, mask = _batch([rng.choice(examples) for _ in range(BATCH)], pad)
+            ids, labels, mask = pad_batch([rng.choice(examples) for _ in range(BATCH)], pad)
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
             opt.zero_grad()
             loss.backward()

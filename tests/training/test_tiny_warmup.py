@@ -10,7 +10,7 @@ import torch
 
 from canvasagent.core.models import load_policy, load_processor
 from canvasagent.training.config import TrainConfig
-from canvasagent.training.tiny_warmup import WARMUP_MARKER, _batch, warm_up, warmup_example
+from canvasagent.training.tiny_warmup import WARMUP_MARKER, pad_batch, warm_up, warmup_example
 
 WORDS = ["Best Coffee", "Thank You", "Grand Opening", "Hello World"]
 
@@ -64,7 +64,7 @@ def test_refuses_negative_steps_and_rows_without_examples(tiny_qwen3vl_dir, tmp_
 
 def _loss(model_dir: Path) -> float:
     processor, model = load_processor(str(model_dir)), load_policy(str(model_dir))
-    ids, labels, mask = _batch([warmup_example(processor, r) for r in ROWS], processor.tokenizer.pad_token_id or 0)
+    ids, labels, mask = pad_batch([warmup_example(processor, r) for r in ROWS], processor.tokenizer.pad_token_id or 0)
     with torch.inference_mode():
         return float(model(input_ids=ids, attention_mask=mask, labels=labels).loss)
 
