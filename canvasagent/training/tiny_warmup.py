@@ -1,9 +1,9 @@
 """A text-only warmup of the untrained tiny model before SFT (`model.tiny_warmup_steps`).
 
 Why: a random tiny model learns to copy a call's free arguments out of the instruction within
-about 100 steps when the instruction stands alone, but not in 150 when the ~1,600-token system
-turn that every SFT row opens with (the same in each row) stands before it; after the warmup it
-learns them behind that turn in about 50 (`benchmarks/argument_learning.py`). A pretrained VLM
+about 100 steps when the instruction stands alone, but not in 100 when the ~1,600-token system
+turn that every SFT row opens with (the same in each row) stands before it; after such a warmup
+it learns them behind that turn in 50-75 (`benchmarks/argument_learning.py`). A pretrained VLM
 arrives at SFT able to read an instruction; this gives the tiny stand-in that much.
 
 Examples come from the SFT rows themselves (nothing held out is seen): each row's first user
