@@ -77,11 +77,12 @@ def workspace(cfg: TrainConfig, build_model: bool = True) -> Workspace:
     )
 
 
-def load_model_and_processor(ws: Workspace, padding_side: str | None = None):
+def load_model_and_processor(ws: Workspace, padding_side: str | None = None, processor: Any = None):
+    """The policy at `ws.model_path` and its processor (`processor`: one already loaded for it)."""
     from canvasagent.core.models import ensure_token_capacity, load_policy, load_processor
 
     kwargs = {"padding_side": padding_side} if padding_side else {}
-    processor = load_processor(ws.model_path, **kwargs)
+    processor = processor or load_processor(ws.model_path, **kwargs)
     extra = {"attn_implementation": ws.cfg.model.attn_implementation} if ws.cfg.model.attn_implementation else {}
     model = load_policy(ws.model_path, dtype=ws.cfg.model.dtype, **extra)
     ensure_token_capacity(model, processor.tokenizer)  # real Qwen tokenizers gain <reason>, <Terminate>

@@ -46,12 +46,14 @@ def build_sft_trainer(cfg: TrainConfig, callbacks: list | None = None):
 
     require_ready(cfg)  # missing data, packages or services fail here, before any weights load
     ws = workspace(cfg)
-    system = system_text(load_processor(ws.model_path), ws.tool_fns, cfg.tools.family)
+    # The warmed folder carries the base's processor files, so one processor serves both.
+    processor = load_processor(ws.model_path)
+    system = system_text(processor, ws.tool_fns, cfg.tools.family)
     rows = sft_rows(cfg, system, ws.toolbox_factory)
     if cfg.model.tiny_warmup_steps:
         warm = warm_up(ws.model_path, rows, cfg.model.tiny_warmup_steps, ws.output_dir / "tiny_warm", seed=cfg.model.tiny_seed)
         ws = replace(ws, model_path=str(warm))
-    model, processor = load_model_and_processor(ws)
+    model, processor = load_model_and_processor(ws, processor=processor)
     train = Dataset.from_list(rows).with_transform(fill_images)
     trainer = SFTTrainer(
         model=model,
