@@ -144,7 +144,7 @@ def learn(run: Path, kind: str, steps: int, lr: float, seed: int, n_eval: int, w
     from transformers import AutoModelForImageTextToText
 
     from canvasagent.core.models.loading import load_processor
-    from canvasagent.training.tiny_warmup import pad_batch
+    from canvasagent.training.tiny_warmup import train_step
 
     base = run / "sft" / "tiny_base"
     processor = load_processor(str(base))
@@ -159,13 +159,7 @@ def learn(run: Path, kind: str, steps: int, lr: float, seed: int, n_eval: int, w
     model.train()
 
     def step_on(pool: list) -> float:
-        ids, labels, mask = pad_batch([rng.choice(pool) for _ in range(BATCH)], tok.pad_token_id or 0)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        return loss.item()
+        return train_step(model, opt, [rng.choice(pool) for _ in range(BATCH)], tok.pad_token_id or 0)
 
     points, t0 = [], time.perf_counter()
     bare = [encode(tok, "", e) for e in train]

@@ -135,6 +135,19 @@ def grpo_row(task: Task) -> dict[str, Any]:
     }
 
 
+def decoded_tool_calls(message: Message) -> list[dict[str, Any]]:
+    """A message's tool calls as chat templates take them (`{"type": "function", "function": {name,
+    arguments}}`), with arguments stored as a JSON string (as `assistant_message` writes them for
+    Arrow) decoded to a dict; copies, the message is not changed. [] for a message without calls."""
+    calls = []
+    for tc in message.get("tool_calls") or []:
+        fn = dict(tc["function"])
+        if isinstance(fn.get("arguments"), str):
+            fn["arguments"] = json.loads(fn["arguments"])
+        calls.append({**tc, "type": "function", "function": fn})
+    return calls
+
+
 def fill_images(batch: dict[str, list]) -> dict[str, list]:
     """`Dataset.with_transform`: embed tool-turn images as PIL (TRL fills placeholders only outside
     tool turns), keep user images in `images`, drop Arrow's None-valued keys (a `{"type": "image",
@@ -155,9 +168,8 @@ def fill_images(batch: dict[str, list]) -> dict[str, list]:
                         part["image"] = img
                     else:
                         user_imgs.append(img)
-            for tc in m.get("tool_calls") or []:
-                if isinstance(tc["function"].get("arguments"), str):
-                    tc["function"]["arguments"] = json.loads(tc["function"]["arguments"])
+            if m.get("tool_calls"):
+                m["tool_calls"] = decoded_tool_calls(m)
         out["messages"].append(msgs)
         out["images"].append(user_imgs)
     return out

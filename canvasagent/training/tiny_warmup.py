@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from canvasagent.training.messages import decoded_tool_calls
+
 log = logging.getLogger(__name__)
 
 LEARNING_RATE = 5e-4
@@ -41,13 +43,7 @@ def _text_only(message: dict[str, Any]) -> dict[str, Any]:
     if isinstance(content, list):
         content = [dict(type="text", text=p["text"]) for p in content if p.get("type") == "text" and p.get("text")]
     out = {"role": message["role"], "content": content}
-    calls = []
-    for tc in message.get("tool_calls") or []:
-        fn = dict(tc["function"])
-        if isinstance(fn.get("arguments"), str):
-            fn["arguments"] = json.loads(fn["arguments"])
-        calls.append({"type": "function", "function": fn})
-    if calls:
+    if calls := decoded_tool_calls(message):
         out["tool_calls"] = calls
     return out
 
@@ -90,9 +86,26 @@ def pad_batch(examples: list[tuple[list[int], list[int]]], pad: int):
     return ids, labels, mask
 
 
-def warm_up(base_dir: str | Path, rows: list[dict[str, Any]], steps: int, out_dir: str | Path, seed: int = 0) -> Path:
+def train_step(model: Any, opt: Any, examples: list[tuple[list[int], list[int]]], pad: int) -> float:
+    """One optimiser step of `model` on `examples` ((ids, labels) pairs, padded with `pad`), the
+    gradient norm clipped to 1; returns the loss."""
+    import torch
+
+    ids, labels, mask = pad_batch(examples, pad)
+    loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
+
+
+def warm_up(
+    base_dir: str | Path, rows: list[dict[str, Any]], steps: int, out_dir: str | Path, seed: int = 0, processor: Any = None
+) -> Path:
     """Warm the model in `base_dir` up on `rows` (SFT rows) for `steps` steps into `out_dir`; returns
-    `out_dir`. See the module docstring for what is trained, reused and refused."""
+    `out_dir`. `processor`: the base's, where the caller has it loaded (None: loaded here). See the
+    module docstring for what is trained, reused and refused."""
     import torch
 
     from canvasagent.core.models.loading import load_policy, load_processor
@@ -100,7 +113,7 @@ def warm_up(base_dir: str | Path, rows: list[dict[str, Any]], steps: int, out_di
     if steps < 0:
         raise ValueError(f"tiny warmup steps must be >= 0, got {steps}")
     base, out = Path(base_dir), Path(out_dir)
-    processor = load_processor(str(base))
+    processor = processor if processor is not None else load_processor(str(base))
     examples = [e for r in rows if (e := warmup_example(processor, r)) is not None]
     if not examples:
         raise ValueError(f"none of the {len(rows)} SFT rows has a user turn followed by an assistant turn to warm up on")
@@ -118,14 +131,9 @@ def warm_up(base_dir: str | Path, rows: list[dict[str, Any]], steps: int, out_di
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for step in range(1, steps + 1):
-            ids, labels, mask = pad_batch([rng.choice(examples) for _ in range(BATCH)], pad)
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            loss = train_step(model, opt, [rng.choice(examples) for _ in range(BATCH)], pad)
             if step % every == 0 or step == steps:
-                log.info("tiny warmup: step %d/%d, loss %.3f (%.0f s)", step, steps, loss.item(), time.perf_counter() - t0)
+                log.info("tiny warmup: step %d/%d, loss %.3f (%.0f s)", step, steps, loss, time.perf_counter() - t0)
     # The processor's files as the builder wrote them (its own save would rename classes), then
     # the weights and their config.
     out.mkdir(parents=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers.utils import get_json_schema
 
 from toolserver.client import make_toolbox
@@ -13,6 +15,7 @@ from canvasagent.core.protocol import parse_reply
 from canvasagent.training.env import make_env_class, tool_functions, trajectory_of
 from canvasagent.training.messages import (
     assistant_message,
+    decoded_tool_calls,
     fill_images,
     grpo_row,
     prompt_messages,
@@ -160,3 +163,21 @@ def test_tool_block_order_is_the_same_whatever_order_the_tools_are_named_in(proc
     fns = tool_functions(names)
     assert [f.__name__ for f in fns] == sorted(names)
     assert system_text(processor, fns) == system_text(processor, tool_functions(sorted(names, reverse=True)))
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(args=st.dictionaries(st.text(max_size=6), _json_values, max_size=4), as_string=st.booleans())
+def test_decoded_tool_calls_give_dict_arguments_and_leave_the_message_alone(args, as_string):
+    stored = json.dumps(args) if as_string else args
+    msg = {"role": "assistant", "content": [], "tool_calls": [{"type": "function", "function": {"name": "Crop", "arguments": stored}}]}
+    before = json.dumps(msg)
+    (call,) = decoded_tool_calls(msg)
+    assert call == {"type": "function", "function": {"name": "Crop", "arguments": args}}
+    assert json.dumps(msg) == before
+    assert decoded_tool_calls({"role": "assistant", "content": "x"}) == []

@@ -80,7 +80,8 @@ def test_warmup_learns_the_replies_and_is_reused_until_its_inputs_change(tiny_qw
             assert (out / f.name).read_bytes() == f.read_bytes(), f.name
     weights = out / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
-    assert warm_up(tiny_qwen3vl_dir, ROWS, 120, out, seed=0) == out
+    # The caller's processor gives the same examples as the one warm_up would load.
+    assert warm_up(tiny_qwen3vl_dir, ROWS, 120, out, seed=0, processor=load_processor(str(tiny_qwen3vl_dir))) == out
     assert weights.stat().st_mtime_ns == stamp  # reused, not retrained
     warm_up(tiny_qwen3vl_dir, ROWS[:2], 2, out, seed=0)  # other examples: rebuilt
     assert json.loads((out / WARMUP_MARKER).read_text())["examples"] != marker["examples"]
