@@ -78,11 +78,12 @@ def workspace(cfg: TrainConfig, build_model: bool = True) -> Workspace:
 
 
 def load_model_and_processor(ws: Workspace, padding_side: str | None = None, processor: Any = None):
-    """The policy at `ws.model_path` and its processor (`processor`: one already loaded for it)."""
+    """The policy at `ws.model_path` and its processor (`processor`: one already loaded for it,
+    used as it is, so `padding_side` applies only to a processor loaded here)."""
     from canvasagent.core.models import ensure_token_capacity, load_policy, load_processor
 
     kwargs = {"padding_side": padding_side} if padding_side else {}
-    processor = processor or load_processor(ws.model_path, **kwargs)
+    processor = processor if processor is not None else load_processor(ws.model_path, **kwargs)
     extra = {"attn_implementation": ws.cfg.model.attn_implementation} if ws.cfg.model.attn_implementation else {}
     model = load_policy(ws.model_path, dtype=ws.cfg.model.dtype, **extra)
     ensure_token_capacity(model, processor.tokenizer)  # real Qwen tokenizers gain <reason>, <Terminate>
