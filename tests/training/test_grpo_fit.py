@@ -1,0 +1,88 @@
+"""benchmarks/grpo_fit.py evaluates a finished run's SFT and GRPO checkpoints on the run's own GRPO
+training tasks, paired per task, beside its held-out numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from canvasagent.cli import main as cli_main
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+DEFAULT_YAML = Path(__file__).parents[2] / "configs" / "pipeline" / "default.yaml"
+
+
+@pytest.fixture(scope="module")
+def grpo_fit():
+    sys.path.insert(0, str(BENCH))  # the script imports its sibling chain_behaviour
+    try:
+        spec = importlib.util.spec_from_file_location("grpo_fit", BENCH / "grpo_fit.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A CanvasCraft-only pipeline run with minimal budgets: 2 GRPO training tasks, 2 held out."""
+    tmp = tmp_path_factory.mktemp("fit")
+    cfg = yaml.safe_load(DEFAULT_YAML.read_text())
+    cfg.update(data="canvascraft", cc_sft_n=3, cc_rl_n=2, cc_eval_n=2, eval_samples=2,
+               cc_mix={"single": 0, "hard": 0, "Flip": 1, "OCR": 1})
+    (tmp / "pipe.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp / "run"
+    argv = ["pipeline", "--out", str(out), "--config", str(tmp / "pipe.yaml"), "--n-eval-base", "1",
+            "--sft-set", "optim.max_steps=2", "--sft-set", "run.save_steps=0",
+            "--grpo-set", "optim.max_steps=1", "--grpo-set", "run.save_steps=0",
+            "--grpo-set", "grpo.max_completion_length=64", "--grpo-set", "grpo.max_turns=2"]
+    assert cli_main(argv) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_the_training_split_is_evaluated_paired_beside_the_held_out_one(grpo_fit, finished_run, tmp_path):
+    md = tmp_path / "fit.md"
+    assert grpo_fit.main(["--run", str(finished_run), "--md", str(md)]) == 0
+    report = json.loads((finished_run / "fit_train" / "report.json").read_text())
+    assert report["n_tasks"] == 2
+    assert set(report["train"]) == {"greedy", "sampled"} and set(report["held_out"]) == {"greedy", "sampled"}
+    assert report["train"]["greedy"]["paired"]["hybrid"]["n"] == 2
+    # The episodes are those of the GRPO train split, not the held-out one.
+    ids = {json.loads(p.read_text())["task"]["id"] for p in (finished_run / "fit_train" / "sft" / "greedy").rglob("trajectory.json")}
+    assert len(ids) == 2 and all(i.startswith("rl-train") for i in ids), ids
+    held = {json.loads(line)["id"] for line in (finished_run / "data" / "eval_tasks.jsonl").read_text().splitlines()}
+    assert not ids & held
+    text = md.read_text()
+    assert "| train | greedy |" in text and "| held out | sampled |" in text
+
+
+@pytest.mark.slow
+def test_one_checkpoint_against_itself_differs_by_nothing(grpo_fit, finished_run, tmp_path):
+    # Same weights, same tasks, same sampling seed: every paired difference is exactly zero, so a
+    # difference the script reports comes from the checkpoints, not from the pairing or sampling.
+    run = tmp_path / "same"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns("fit_train"))
+    shutil.rmtree(run / "grpo" / "final")
+    shutil.copytree(run / "sft" / "final", run / "grpo" / "final")
+    assert grpo_fit.main(["--run", str(run)]) == 0
+    train = json.loads((run / "fit_train" / "report.json").read_text())["train"]
+    for mode in ("greedy", "sampled"):
+        for key in ("hybrid", "success", "pass_rate"):
+            d = train[mode]["paired"][key]
+            assert d["mean_diff"] == 0 and d["wins"] == d["losses"] == 0, (mode, key, d)
+
+
+@pytest.mark.slow
+def test_a_run_without_its_grpo_checkpoint_is_refused(grpo_fit, finished_run, tmp_path):
+    run = tmp_path / "half"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns("fit_train", "grpo"))
+    with pytest.raises(SystemExit, match="grpo/final is missing"):
+        grpo_fit.main(["--run", str(run)])
