@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -80,29 +81,43 @@ def _calls(record: dict) -> list[CallSummary]:
                         t.get("output_id"), t.get("error")) for i, t in enumerate(record.get("turns", [])) if t.get("call")]
 
 
-def precision(record: dict) -> dict[str, tuple[int, int]]:
+def stated(value, instruction: str) -> bool:
+    """Whether a reference argument's value is written in the instruction as it is passed (a box
+    "[280, 190, 770, 520]", an angle 90, a text), not next to other digits or letters: the policy
+    can copy it. Otherwise it has to infer it (a named region, an upright image, a mirrored sign)."""
+    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return bool(text) and re.search(rf"(?<![\w.]){re.escape(text)}(?![\w])", instruction) is not None
+
+
+def precision(record: dict, by_statement: bool = False) -> dict[str, tuple[int, int]]:
     """`Tool.argument` -> (exact, compared) for one saved episode: each non-asset argument of each
-    reference call whose tool ran at that occurrence, and whether the run call passed the same value."""
-    reference = ((record.get("task") or {}).get("meta") or {}).get("reference_calls") or []
+    reference call whose tool ran at that occurrence, and whether the run call passed the same value.
+    With `by_statement` the key ends in ` (stated)` or ` (inferred)` (`stated`)."""
+    task = record.get("task") or {}
+    reference = (task.get("meta") or {}).get("reference_calls") or []
     inputs = {a["id"] for a in record.get("assets", []) if not (a.get("provenance") or {}).get("tool")}
     out: dict[str, tuple[int, int]] = {}
     for tool, key, value, ran, passed in reference_arguments(_calls(record), reference):
         if ran and not is_asset_id(value, inputs):
-            exact, compared = out.get(f"{tool}.{key}", (0, 0))
-            out[f"{tool}.{key}"] = (exact + (passed == value), compared + 1)
+            name = f"{tool}.{key}"
+            if by_statement:
+                name += " (stated)" if stated(value, task.get("instruction", "")) else " (inferred)"
+            exact, compared = out.get(name, (0, 0))
+            out[name] = (exact + (passed == value), compared + 1)
     return out
 
 
-def precision_table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "eval_grpo")) -> list[str]:
+def precision_table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "eval_grpo"), by_statement: bool = False) -> list[str]:
     """Markdown rows: per stage and mode, each reference argument's exact share over the episodes
-    that ran its tool (`exact/compared`), pooled over `runs`."""
+    that ran its tool (`exact/compared`), pooled over `runs`; with `by_statement`, apart for values
+    the instruction states and values it leaves to infer (`precision`)."""
     totals: dict[tuple[str, str], dict[str, list[int]]] = {}
     for stage in stages:
         for mode in ("greedy", "sampled"):
             acc = totals.setdefault((stage, mode), {})
             for run in runs:
                 for record in episodes(run, stage, mode):
-                    for arg, (exact, compared) in precision(record).items():
+                    for arg, (exact, compared) in precision(record, by_statement).items():
                         cell = acc.setdefault(arg, [0, 0])
                         cell[0] += exact
                         cell[1] += compared
@@ -201,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
              *table(args.runs, tuple(args.stages)), "",
              "Parameter precision: per argument of the reference calls that is not an asset, the share of the "
              "episodes that ran that call which passed exactly the reference's value (exact/compared).", "",
-             *precision_table(args.runs, tuple(args.stages)), "", *group_preference(groups),
+             *precision_table(args.runs, tuple(args.stages)), "",
+             "The same, apart for values the instruction states (the policy can copy them) and values it must infer:", "",
+             *precision_table(args.runs, tuple(args.stages), by_statement=True), "", *group_preference(groups),
              *success_signal(groups)]
     text = "\n".join(lines) + "\n"
     if args.results:

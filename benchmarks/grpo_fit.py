@@ -116,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(f"| {fam} | {mode} | {len(ix)} | {_fmt(paired_difference(b, a, 'hybrid'))} | {_fmt(paired_difference(b, a, 'success'))} |")
     lines += ["", "Parameter precision on the training tasks (exact share of the episodes that ran the reference call):", ""]
     lines += precision_table([run], stages=("fit_train/sft", "fit_train/grpo"))
+    lines += ["", "The same, apart for values the instruction states (the policy can copy them) and values it must infer:", ""]
+    lines += precision_table([run], stages=("fit_train/sft", "fit_train/grpo"), by_statement=True)
     lines += ["", f"Wall time: {time.perf_counter() - t0:.0f} s."]
     text = "\n".join(lines) + "\n"
     (run / "fit_train" / "report.json").write_text(json.dumps(report, indent=2))

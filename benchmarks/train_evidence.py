@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         "Parameter precision (per non-asset argument of the reference calls, the share of the episodes that ran "
         "that call which passed exactly the reference's value; benchmarks/chain_behaviour.py):", "",
         *precision_table(seed_runs), "",
+        "The same, apart for values the instruction states (the policy can copy them) and values it must infer:", "",
+        *precision_table(seed_runs, by_statement=True), "",
         *group_preference(groups), *success_signal(groups), "",
         "Targets: " + "; ".join(f"{k}: **{'met' if v else 'NOT met'}**" for k, v in targets.items()) + ".",
         f"Wall time: {summary['wall_s']} s.", ""])

@@ -36,3 +36,34 @@ def test_says_so_when_no_group_carries_a_success(tmp_path):
     _dump(tmp_path / "a", [(0, "t1", ["Crop"], 0.0, 0.4), (0, "t1", ["Crop"], 0.0, 0.2)])
     assert chain_behaviour.success_signal(chain_behaviour.grpo_groups([tmp_path / "a", tmp_path / "missing"])) == [
         "No dumped GRPO group (of 1) held both a rollout that passed every check and one that failed."]
+
+
+# --- parameter precision apart for stated and inferred values -------------------------------------
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+_words = st.text(alphabet="abcdefghij ,;:!?'", max_size=40)
+
+
+@given(_words, _words, st.sampled_from([45, 90, 180, "[280, 190, 770, 520]", "Grand Opening"]))
+def test_a_value_written_in_the_instruction_is_stated(before, after, value):
+    assert chain_behaviour.stated(value, f"{before} {value} {after}")
+
+
+@given(st.integers(1, 9), st.integers(0, 9), st.sampled_from([45, 90, 180]))
+def test_an_angle_inside_another_number_or_absent_is_inferred(lead, tail, angle):
+    assert not chain_behaviour.stated(angle, f"keep the area [{lead}{angle}, 10, {angle}{tail}, 500]")
+    assert not chain_behaviour.stated(angle, "make the picture upright")
+    assert not chain_behaviour.stated("[0, 0, 1000, 500]", "focus the picture on the top half")
+
+
+def test_precision_splits_stated_from_inferred_values():
+    record = {"task": {"instruction": "rotate it by 90 degrees, then zoom in on the top half",
+                       "meta": {"reference_calls": [
+                           {"name": "Rotate", "arguments": {"image": "img_1", "angle": 90}},
+                           {"name": "Crop", "arguments": {"image": "Rotate_0", "bbox": "[0, 0, 1000, 500]"}}]}},
+              "assets": [{"id": "img_1", "provenance": {}}],
+              "turns": [{"call": {"name": "Rotate", "arguments": {"image": "img_1", "angle": 90}}, "status": "ok", "output_id": "Rotate_0"},
+                        {"call": {"name": "Crop", "arguments": {"image": "Rotate_0", "bbox": "[0, 0, 500, 500]"}}, "status": "ok", "output_id": "Crop_0"}]}
+    assert chain_behaviour.precision(record) == {"Rotate.angle": (1, 1), "Crop.bbox": (0, 1)}
+    assert chain_behaviour.precision(record, by_statement=True) == {"Rotate.angle (stated)": (1, 1), "Crop.bbox (inferred)": (0, 1)}
