@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         b, a = res["sft"][mode].scores, res["grpo"][mode].scores
         splits = [("train", b, a)]
-        hb, ha = (held.get(s, {}).get("result", held.get(s, {})).get(tkey) for s in ("eval_sft", "eval_grpo"))
+        hb, ha = (held.get(s, {}).get(tkey) for s in ("eval_sft", "eval_grpo"))
         if hb and ha:
             splits.append(("held out", hb, ha))
         for split, before, after in splits:
