@@ -81,12 +81,27 @@ def _calls(record: dict) -> list[CallSummary]:
                         t.get("output_id"), t.get("error")) for i, t in enumerate(record.get("turns", [])) if t.get("call")]
 
 
+_QUOTES = (("'", "'"), ('"', '"'), ("\u2018", "\u2019"), ("\u201c", "\u201d"))
+
+
 def stated(value, instruction: str) -> bool:
-    """Whether a reference argument's value is written in the instruction as it is passed (a box
-    "[280, 190, 770, 520]", an angle 90, a text), not next to other digits or letters: the policy
-    can copy it. Otherwise it has to infer it (a named region, an upright image, a mirrored sign)."""
-    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-    return bool(text) and re.search(rf"(?<![\w.]){re.escape(text)}(?![\w])", instruction) is not None
+    """Whether a reference argument's value is written in the instruction so the policy can copy
+    it: a number as a whole number (90, not inside 190, 90.5 or -90; 90.0 reads as 90), a box or
+    other list as passed ("[280, 190, 770, 520]"), a string in quotes ('Grand Opening'). Anything
+    else is to be inferred: a named region ("the top half"), the angle that makes a picture
+    upright, a word that happens to occur ("text" in "fix the mirrored text")."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?", value.strip()):
+        value = float(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, (int, float)):
+        return re.search(rf"(?<![\w.\-]){re.escape(str(value))}(?!\w|\.\d)", instruction) is not None
+    text = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+    if text.startswith("[") and text.endswith("]"):
+        return text in instruction
+    return bool(text) and any(f"{a}{text}{b}" in instruction for a, b in _QUOTES)
 
 
 def precision(record: dict, by_statement: bool = False) -> dict[str, tuple[int, int]]:

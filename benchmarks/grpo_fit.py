@@ -11,8 +11,10 @@ episodes per task, tokens, turns, preset and judge of its held-out stages), for 
 `grpo/final`, and reports the paired GRPO-minus-SFT difference of the hybrid reward, success
 and the share of sampled episodes that passed every check, per task family and per argument
 (exact share, `chain_behaviour.precision_table`), next to the run's held-out numbers.
-Episodes go under `<run>/fit_train/{sft,grpo}/{greedy,sampled}`; a rerun resumes per task.
-Refuses a run without both final checkpoints.
+Episodes go under `<run>/fit_train/{sft,grpo}/{greedy,sampled}` (`fit_train_first<N>` with
+`--limit N`); a rerun resumes per task. Refuses a run without both final checkpoints or a
+non-CanvasCraft GRPO split, a limit below 1, and a folder whose episodes came from other
+checkpoints or evaluation inputs (`inputs.json`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,18 @@ STAGES = {"sft": "sft/final", "grpo": "grpo/final"}
 PAIRED = {"hybrid": "hybrid", "success": "success", "pass_rate": "align/passed"}
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--limit must be at least 1, not {n}")
+    return n
+
+
+def _checkpoint_stamp(folder: Path) -> dict[str, list[int]]:
+    """Size and modification time of each weight file: a retrained checkpoint changes them."""
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.glob("*.safetensors"))}
+
+
 def family(task) -> str:
     """`one call` when the task's reference solution is one call, else `chain` (as in train_evidence)."""
     return "one call" if len(task.meta.get("reference_calls") or task.expected_tools) == 1 else "chain"
@@ -46,7 +60,7 @@ def _fmt(d: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", required=True, help="a finished pipeline run (one seed folder of train_evidence)")
-    ap.add_argument("--limit", type=int, default=None, help="the first N training tasks (default: all)")
+    ap.add_argument("--limit", type=_positive, default=None, help="the first N training tasks (default: all)")
     ap.add_argument("--md", default=None, help="also write the report to this markdown file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -70,12 +84,21 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"grpo_fit reads a CanvasCraft build's train split; this run's GRPO data is {pipe.grpo.data.format!r}")
     tasks = read_tasks(pipe.grpo.resolve(pipe.grpo.data.path), "train")[: args.limit]
     ws, e = workspace(pipe.sft), pipe.eval_inputs("eval_sft")
+    # Episodes resume per task, so a folder holds one task count, one pair of checkpoints and one
+    # set of evaluation inputs; anything else would pool episodes of different runs.
+    folder = run / ("fit_train" if args.limit is None else f"fit_train_first{args.limit}")
+    inputs = {"eval": e, "n_tasks": len(tasks), "checkpoints": {n: _checkpoint_stamp(run / rel) for n, rel in STAGES.items()}}
+    kept = folder / "inputs.json"
+    if kept.exists() and json.loads(kept.read_text()) != json.loads(json.dumps(inputs)):
+        raise SystemExit(f"{folder} holds episodes of other checkpoints or evaluation inputs ({kept}); move it away to measure again")
+    folder.mkdir(parents=True, exist_ok=True)
+    kept.write_text(json.dumps(inputs, indent=2))
     toolbox = ws.env_cls.toolbox()
     scorer = make_scorer(e["preset"], e["judge"], toolbox)
     t0, res = time.perf_counter(), {}
     try:
         for name, rel in STAGES.items():
-            res[name] = evaluate_checkpoint(run / rel, tasks, scorer, toolbox, ws.tool_fns, run / "fit_train" / name,
+            res[name] = evaluate_checkpoint(run / rel, tasks, scorer, toolbox, ws.tool_fns, folder / name,
                                             max_turns=e["max_turns"], max_new_tokens=e["max_new_tokens"],
                                             temperature=e["temperature"], samples=e["samples"], seed=e["seed"],
                                             image_budget=e["image_budget"])
@@ -84,10 +107,11 @@ def main(argv: list[str] | None = None) -> int:
 
     fams = [family(t) for t in tasks]
     lines = [f"# GRPO on its own training tasks: `{run}`", "",
-             f"{len(tasks)} tasks of the GRPO train split ({fams.count('one call')} one call, {fams.count('chain')} chains); "
-             f"greedy and {e['samples']} sampled episodes per task at T {e['temperature']}; paired GRPO minus SFT.", "",
-             "| split | mode | hybrid SFT -> GRPO | hybrid diff | success SFT -> GRPO | success diff | passed-episode share diff |",
-             "|---|---|---|---|---|---|---|"]
+             f"{len(tasks)} tasks of the GRPO train split ({fams.count('one call')} one call, {fams.count('chain')} chains) "
+             f"against the run's held-out split; greedy and {e['samples']} sampled episodes per task at T {e['temperature']}; "
+             "paired GRPO minus SFT.", "",
+             "| split | mode | n | hybrid SFT -> GRPO | hybrid diff | success SFT -> GRPO | success diff | passed-episode share diff |",
+             "|---|---|---|---|---|---|---|---|"]
     report: dict = {"run": str(run), "n_tasks": len(tasks), "train": {}, "held_out": {}}
     held = {s: json.loads((run / s / "done.json").read_text()) for s in ("eval_sft", "eval_grpo") if (run / s / "done.json").exists()}
     for mode, tkey in (("greedy", "per_task"), ("sampled", "per_task_sampled")):
@@ -103,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             means = {k: (sum(task_score(x, pk) for x in before) / len(before), sum(task_score(x, pk) for x in after) / len(after))
                      for k, pk in PAIRED.items()}
             report["train" if split == "train" else "held_out"][mode] = {"paired": d, "means": means}
-            lines.append(f"| {split} | {mode} | {means['hybrid'][0]:.4f} -> {means['hybrid'][1]:.4f} | {_fmt(d['hybrid'])} | "
+            lines.append(f"| {split} | {mode} | {len(before)} | {means['hybrid'][0]:.4f} -> {means['hybrid'][1]:.4f} | {_fmt(d['hybrid'])} | "
                          f"{means['success'][0]:.3f} -> {means['success'][1]:.3f} | {_fmt(d['success'])} | {_fmt(d['pass_rate'])} |")
     lines += ["", "Training tasks by family (paired hybrid diff / success diff):", "",
               "| family | mode | n | hybrid diff | success diff |", "|---|---|---|---|---|"]
@@ -115,13 +139,14 @@ def main(argv: list[str] | None = None) -> int:
             if ix:
                 lines.append(f"| {fam} | {mode} | {len(ix)} | {_fmt(paired_difference(b, a, 'hybrid'))} | {_fmt(paired_difference(b, a, 'success'))} |")
     lines += ["", "Parameter precision on the training tasks (exact share of the episodes that ran the reference call):", ""]
-    lines += precision_table([run], stages=("fit_train/sft", "fit_train/grpo"))
+    stages = (f"{folder.name}/sft", f"{folder.name}/grpo")
+    lines += precision_table([run], stages=stages)
     lines += ["", "The same, apart for values the instruction states (the policy can copy them) and values it must infer:", ""]
-    lines += precision_table([run], stages=("fit_train/sft", "fit_train/grpo"), by_statement=True)
+    lines += precision_table([run], stages=stages, by_statement=True)
     lines += ["", f"Wall time: {time.perf_counter() - t0:.0f} s."]
     text = "\n".join(lines) + "\n"
-    (run / "fit_train" / "report.json").write_text(json.dumps(report, indent=2))
-    (run / "fit_train" / "report.md").write_text(text)
+    (folder / "report.json").write_text(json.dumps(report, indent=2))
+    (folder / "report.md").write_text(text)
     if args.md:
         Path(args.md).write_text(text)
     sys.stdout.write(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -66,10 +67,11 @@ def test_the_training_split_is_evaluated_paired_beside_the_held_out_one(grpo_fit
 
 @pytest.mark.slow
 def test_one_checkpoint_against_itself_differs_by_nothing(grpo_fit, finished_run, tmp_path):
-    # Same weights, same tasks, same sampling seed: every paired difference is exactly zero, so a
-    # difference the script reports comes from the checkpoints, not from the pairing or sampling.
+    # Same weights, same tasks, same sampling seed: every paired difference is exactly zero, so the
+    # evaluation of the two checkpoints is deterministic and any difference reported comes from the
+    # weights. (With two tasks this does not prove the pairing; the order is evaluate_checkpoint's.)
     run = tmp_path / "same"
-    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns("fit_train"))
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns("fit_train*"))
     shutil.rmtree(run / "grpo" / "final")
     shutil.copytree(run / "sft" / "final", run / "grpo" / "final")
     assert grpo_fit.main(["--run", str(run)]) == 0
@@ -81,8 +83,27 @@ def test_one_checkpoint_against_itself_differs_by_nothing(grpo_fit, finished_run
 
 
 @pytest.mark.slow
-def test_a_run_without_its_grpo_checkpoint_is_refused(grpo_fit, finished_run, tmp_path):
-    run = tmp_path / "half"
-    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns("fit_train", "grpo"))
+def test_a_limit_measures_in_a_folder_of_its_own(grpo_fit, finished_run):
+    assert grpo_fit.main(["--run", str(finished_run), "--limit", "1"]) == 0
+    report = json.loads((finished_run / "fit_train_first1" / "report.json").read_text())
+    assert report["n_tasks"] == 1 and report["train"]["sampled"]["paired"]["hybrid"]["n"] == 1
+    assert len(list((finished_run / "fit_train_first1" / "sft" / "greedy").rglob("trajectory.json"))) == 1
+    with pytest.raises(SystemExit):
+        grpo_fit.main(["--run", str(finished_run), "--limit", "0"])
+
+
+@pytest.mark.slow
+def test_episodes_of_another_checkpoint_are_not_reused(grpo_fit, finished_run, tmp_path):
+    run = tmp_path / "retrained"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns("fit_train*"))
+    assert grpo_fit.main(["--run", str(run), "--limit", "1"]) == 0
+    weights = next((run / "grpo" / "final").glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    with pytest.raises(SystemExit, match="other checkpoints or evaluation inputs"):
+        grpo_fit.main(["--run", str(run), "--limit", "1"])
+
+
+def test_a_run_without_its_grpo_checkpoint_is_refused(grpo_fit, tmp_path):
+    (tmp_path / "sft" / "final").mkdir(parents=True)
     with pytest.raises(SystemExit, match="grpo/final is missing"):
-        grpo_fit.main(["--run", str(run)])
+        grpo_fit.main(["--run", str(tmp_path)])

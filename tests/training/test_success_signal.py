@@ -42,19 +42,34 @@ def test_says_so_when_no_group_carries_a_success(tmp_path):
 
 from hypothesis import given, strategies as st  # noqa: E402
 
-_words = st.text(alphabet="abcdefghij ,;:!?'", max_size=40)
+_words = st.text(alphabet="abcdefghij0123456789 ,;:.!?-[]'", max_size=40)
 
 
-@given(_words, _words, st.sampled_from([45, 90, 180, "[280, 190, 770, 520]", "Grand Opening"]))
-def test_a_value_written_in_the_instruction_is_stated(before, after, value):
-    assert chain_behaviour.stated(value, f"{before} {value} {after}")
+# (the reference's value, how the instruction writes it)
+_WRITTEN = [(45, "45"), (90, "90"), (90.0, "90"), ("180", "180"), ("[280, 190, 770, 520]", "[280, 190, 770, 520]"),
+            ([0, 0, 500, 500], "[0, 0, 500, 500]")]
+
+
+@given(_words, _words, st.sampled_from(_WRITTEN))
+def test_a_number_or_box_written_whole_is_stated(before, after, pair):
+    value, shown = pair
+    assert chain_behaviour.stated(value, f"{before} {shown} {after}")
+
+
+@given(_words, _words, st.sampled_from(["Grand Opening", "SUMMER SALE", "text", "bottom-right"]))
+def test_a_string_is_stated_only_in_quotes(before, after, value):
+    for quoted in (f"'{value}'", f'"{value}"', f"\u2018{value}\u2019"):
+        assert chain_behaviour.stated(value, f"{before} {quoted} {after}")
+    assert not chain_behaviour.stated(value, f"{before} {value} {after}")
 
 
 @given(st.integers(1, 9), st.integers(0, 9), st.sampled_from([45, 90, 180]))
 def test_an_angle_inside_another_number_or_absent_is_inferred(lead, tail, angle):
-    assert not chain_behaviour.stated(angle, f"keep the area [{lead}{angle}, 10, {angle}{tail}, 500]")
-    assert not chain_behaviour.stated(angle, "make the picture upright")
+    for text in (f"keep the area [{lead}{angle}, 10, {angle}{tail}, 500]", f"rotate by {angle}.{tail + 1} degrees",
+                 f"rotate by -{angle} degrees", "make the picture upright"):
+        assert not chain_behaviour.stated(angle, text), text
     assert not chain_behaviour.stated("[0, 0, 1000, 500]", "focus the picture on the top half")
+    assert not chain_behaviour.stated(True, "rotate by 1 degree")
 
 
 def test_precision_splits_stated_from_inferred_values():
