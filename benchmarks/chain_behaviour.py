@@ -147,6 +147,12 @@ def precision_table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "ev
     return lines
 
 
+def statement_table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "eval_grpo")) -> list[str]:
+    """`precision_table` apart for stated and inferred values, under its heading line."""
+    return ["The same, apart for values the instruction states (the policy can copy them) and values it must infer:", "",
+            *precision_table(runs, stages, by_statement=True)]
+
+
 def table(runs: list[Path], stages: tuple[str, ...] = ("eval_sft", "eval_grpo")) -> list[str]:
     """Markdown rows: the share of episodes per ending, per stage and mode, pooled over `runs`."""
     lines = ["| stage | mode | episodes | " + " | ".join(ENDINGS) + " |", "|---|---|---|" + "---|" * len(ENDINGS)]
@@ -232,8 +238,7 @@ def main(argv: list[str] | None = None) -> int:
              "Parameter precision: per argument of the reference calls that is not an asset, the share of the "
              "episodes that ran that call which passed exactly the reference's value (exact/compared).", "",
              *precision_table(args.runs, tuple(args.stages)), "",
-             "The same, apart for values the instruction states (the policy can copy them) and values it must infer:", "",
-             *precision_table(args.runs, tuple(args.stages), by_statement=True), "", *group_preference(groups),
+             *statement_table(args.runs, tuple(args.stages)), "", *group_preference(groups),
              *success_signal(groups)]
     text = "\n".join(lines) + "\n"
     if args.results:

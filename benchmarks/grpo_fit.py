@@ -14,7 +14,8 @@ and the share of sampled episodes that passed every check, per task family and p
 Episodes go under `<run>/fit_train/{sft,grpo}/{greedy,sampled}` (`fit_train_first<N>` with
 `--limit N`); a rerun resumes per task. Refuses a run without both final checkpoints or a
 non-CanvasCraft GRPO split, a limit below 1, and a folder whose episodes came from other
-checkpoints or evaluation inputs (`inputs.json`).
+checkpoints or evaluation inputs (`inputs.json`, held as `stage_runner.StagedRun` holds a
+stage's). A finished folder (`done.json`) is reported again without loading the checkpoints.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 for _k, _v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):
@@ -48,11 +48,6 @@ def _checkpoint_stamp(folder: Path) -> dict[str, list[int]]:
     return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.glob("*.safetensors"))}
 
 
-def family(task) -> str:
-    """`one call` when the task's reference solution is one call, else `chain` (as in train_evidence)."""
-    return "one call" if len(task.meta.get("reference_calls") or task.expected_tools) == 1 else "chain"
-
-
 def _fmt(d: dict) -> str:
     return f"{d['mean_diff']:+.4f} (±{d['se']:.4f}; up {d['wins']}, down {d['losses']})"
 
@@ -65,9 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from chain_behaviour import precision_table  # a sibling script: benchmarks/ is on sys.path
+    from chain_behaviour import precision_table, statement_table  # sibling scripts: benchmarks/ is on sys.path
+    from train_evidence import family
     from canvascraft.build import read_tasks
     from canvasagent.pipeline import Pipeline, PipelineConfig
+    from canvasagent.stage_runner import StagedRun, StaleStage
     from canvasagent.training.common import workspace
     from canvasagent.training.evaluate import evaluate_checkpoint
     from canvasagent.training.rewarding import make_scorer
@@ -88,24 +85,29 @@ def main(argv: list[str] | None = None) -> int:
     # set of evaluation inputs; anything else would pool episodes of different runs.
     folder = run / ("fit_train" if args.limit is None else f"fit_train_first{args.limit}")
     inputs = {"eval": e, "n_tasks": len(tasks), "checkpoints": {n: _checkpoint_stamp(run / rel) for n, rel in STAGES.items()}}
-    kept = folder / "inputs.json"
-    if kept.exists() and json.loads(kept.read_text()) != json.loads(json.dumps(inputs)):
-        raise SystemExit(f"{folder} holds episodes of other checkpoints or evaluation inputs ({kept}); move it away to measure again")
-    folder.mkdir(parents=True, exist_ok=True)
-    kept.write_text(json.dumps(inputs, indent=2))
-    toolbox = ws.env_cls.toolbox()
-    scorer = make_scorer(e["preset"], e["judge"], toolbox)
-    t0, res = time.perf_counter(), {}
-    try:
-        for name, rel in STAGES.items():
-            res[name] = evaluate_checkpoint(run / rel, tasks, scorer, toolbox, ws.tool_fns, folder / name,
-                                            max_turns=e["max_turns"], max_new_tokens=e["max_new_tokens"],
-                                            temperature=e["temperature"], samples=e["samples"], seed=e["seed"],
-                                            image_budget=e["image_budget"])
-    finally:
-        toolbox.close()
 
-    fams = [family(t) for t in tasks]
+    def measure() -> dict:
+        toolbox = ws.env_cls.toolbox()
+        scorer = make_scorer(e["preset"], e["judge"], toolbox)
+        scores: dict = {}
+        try:
+            for name, rel in STAGES.items():
+                res = evaluate_checkpoint(run / rel, tasks, scorer, toolbox, ws.tool_fns, folder / name,
+                                          max_turns=e["max_turns"], max_new_tokens=e["max_new_tokens"],
+                                          temperature=e["temperature"], samples=e["samples"], seed=e["seed"],
+                                          image_budget=e["image_budget"])
+                scores[name] = {mode: r.scores for mode, r in res.items()}
+        finally:
+            toolbox.close()
+        return {"scores": scores}
+
+    try:
+        record = StagedRun(run, "grpo_fit").run(folder.name, measure, inputs=inputs)
+    except StaleStage as err:
+        raise SystemExit(f"{folder} holds episodes of other checkpoints or evaluation inputs: {err}") from None
+    scores = record["scores"]
+
+    fams = [family(t.to_dict()) for t in tasks]
     lines = [f"# GRPO on its own training tasks: `{run}`", "",
              f"{len(tasks)} tasks of the GRPO train split ({fams.count('one call')} one call, {fams.count('chain')} chains) "
              f"against the run's held-out split; greedy and {e['samples']} sampled episodes per task at T {e['temperature']}; "
@@ -115,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"run": str(run), "n_tasks": len(tasks), "train": {}, "held_out": {}}
     held = {s: json.loads((run / s / "done.json").read_text()) for s in ("eval_sft", "eval_grpo") if (run / s / "done.json").exists()}
     for mode, tkey in (("greedy", "per_task"), ("sampled", "per_task_sampled")):
-        if mode not in res["sft"]:
+        if mode not in scores["sft"]:
             continue
-        b, a = res["sft"][mode].scores, res["grpo"][mode].scores
+        b, a = scores["sft"][mode], scores["grpo"][mode]
         splits = [("train", b, a)]
         hb, ha = (held.get(s, {}).get(tkey) for s in ("eval_sft", "eval_grpo"))
         if hb and ha:
@@ -133,17 +135,16 @@ def main(argv: list[str] | None = None) -> int:
               "| family | mode | n | hybrid diff | success diff |", "|---|---|---|---|---|"]
     for fam in ("one call", "chain"):
         ix = [i for i, f in enumerate(fams) if f == fam]
-        for mode in res["sft"]:
-            b = [res["sft"][mode].scores[i] for i in ix]
-            a = [res["grpo"][mode].scores[i] for i in ix]
+        for mode in scores["sft"]:
+            b = [scores["sft"][mode][i] for i in ix]
+            a = [scores["grpo"][mode][i] for i in ix]
             if ix:
                 lines.append(f"| {fam} | {mode} | {len(ix)} | {_fmt(paired_difference(b, a, 'hybrid'))} | {_fmt(paired_difference(b, a, 'success'))} |")
     lines += ["", "Parameter precision on the training tasks (exact share of the episodes that ran the reference call):", ""]
     stages = (f"{folder.name}/sft", f"{folder.name}/grpo")
     lines += precision_table([run], stages=stages)
-    lines += ["", "The same, apart for values the instruction states (the policy can copy them) and values it must infer:", ""]
-    lines += precision_table([run], stages=stages, by_statement=True)
-    lines += ["", f"Wall time: {time.perf_counter() - t0:.0f} s."]
+    lines += ["", *statement_table([run], stages)]
+    lines += ["", f"Evaluation time: {record['seconds']:.0f} s."]
     text = "\n".join(lines) + "\n"
     (folder / "report.json").write_text(json.dumps(report, indent=2))
     (folder / "report.md").write_text(text)

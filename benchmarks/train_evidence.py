@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from chain_behaviour import grpo_groups, group_preference, precision_table, success_signal, table as ending_table  # a sibling script: benchmarks/ is on sys.path
+    from chain_behaviour import grpo_groups, group_preference, precision_table, statement_table, success_signal, table as ending_table  # a sibling script: benchmarks/ is on sys.path
     from canvasagent.pipeline import PipelineConfig, run_pipeline
     from canvasagent.training.config import parse_override
 
@@ -204,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "Parameter precision (per non-asset argument of the reference calls, the share of the episodes that ran "
         "that call which passed exactly the reference's value; benchmarks/chain_behaviour.py):", "",
         *precision_table(seed_runs), "",
-        "The same, apart for values the instruction states (the policy can copy them) and values it must infer:", "",
-        *precision_table(seed_runs, by_statement=True), "",
+        *statement_table(seed_runs), "",
         *group_preference(groups), *success_signal(groups), "",
         "Targets: " + "; ".join(f"{k}: **{'met' if v else 'NOT met'}**" for k, v in targets.items()) + ".",
         f"Wall time: {summary['wall_s']} s.", ""])
