@@ -51,7 +51,10 @@ def build_sft_trainer(cfg: TrainConfig, callbacks: list | None = None):
     system = system_text(processor, ws.tool_fns, cfg.tools.family)
     rows = sft_rows(cfg, system, ws.toolbox_factory)
     if cfg.model.tiny_warmup_steps:
-        warm = warm_up(ws.model_path, rows, cfg.model.tiny_warmup_steps, ws.output_dir / "tiny_warm", seed=cfg.model.tiny_seed, processor=processor)
+        warm = warm_up(
+            ws.model_path, rows, cfg.model.tiny_warmup_steps, ws.output_dir / "tiny_warm",
+            seed=cfg.model.tiny_seed, processor=processor, box_share=float(cfg.model.tiny_warmup_box_share),
+        )
         ws = replace(ws, model_path=str(warm))
     model, processor = load_model_and_processor(ws, processor=processor)
     train = Dataset.from_list(rows).with_transform(fill_images)

@@ -12,6 +12,15 @@ through the model's own chat template without a system turn, with the loss on th
 alone. Training: AdamW at a constant `LEARNING_RATE`, `BATCH` examples a step, gradient norm
 clipped to 1, examples drawn with `seed`.
 
+Fresh boxes (`box_share` p > 0): each example is drawn from the rows whose first user turn states a
+box (`[x1, y1, x2, y2]`, e.g. a Crop "to the area [280, 190, 770, 520]") with probability p, else
+from the other rows, and every stated-box example gets a box drawn afresh (`fresh_box`) wherever its
+first exchange writes the stated one. Why: digits are single tokens, and a few dozen stated boxes
+are memorised long before they are copied; the random model learns to copy a box only when the box
+changes from draw to draw (`benchmarks/box_copy.py`). A pretrained VLM arrives able to copy numbers
+out of its prompt; the images are not shown here, so a box that no longer matches them costs
+nothing. p = 0 draws every row uniformly and uses it as written.
+
 `warm_up` writes the weights and the processor to `out_dir` and, last, `WARMUP_MARKER` naming the
 base weights, the examples, the steps and the seed; a folder whose marker matches is reused as it is
 and any other is rebuilt, so an interrupted warmup starts over (it takes minutes). It refuses a
@@ -24,6 +33,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -36,6 +46,41 @@ log = logging.getLogger(__name__)
 LEARNING_RATE = 5e-4
 BATCH = 8
 WARMUP_MARKER = "canvasagent_warmup.json"
+STATED_BOX = re.compile(r"\[(\d+), (\d+), (\d+), (\d+)\]")
+
+
+def stated_box(row: dict[str, Any]) -> str | None:
+    """The box the first user turn of `row` states (as written there, e.g. "[280, 190, 770, 520]"), or None."""
+    user = next((m for m in row.get("messages") or [] if m.get("role") == "user"), None)
+    if user is None:
+        return None
+    content = user.get("content")
+    text = content if isinstance(content, str) else " ".join(p.get("text") or "" for p in content or [] if p.get("type") == "text")
+    m = STATED_BOX.search(text)
+    return m.group(0) if m else None
+
+
+def fresh_box(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """`row` with the box its first user turn states replaced, in every message and call argument, by
+    a box drawn with `rng`: corners on the 0-1000 grid in steps of 10, x1 < x2 and y1 < y2. Refuses a
+    row that states no box."""
+    old = stated_box(row)
+    if old is None:
+        raise ValueError("the row's first user turn states no box")
+    x1, x2 = sorted(rng.sample(range(101), 2))
+    y1, y2 = sorted(rng.sample(range(101), 2))
+    new = f"[{x1 * 10}, {y1 * 10}, {x2 * 10}, {y2 * 10}]"
+
+    def swap(x: Any) -> Any:  # every string, call arguments (JSON text) included; images untouched
+        if isinstance(x, str):
+            return x.replace(old, new)
+        if isinstance(x, dict):
+            return {k: swap(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [swap(v) for v in x]
+        return x
+
+    return {**row, "messages": swap(row["messages"])}
 
 
 def _text_only(message: dict[str, Any]) -> dict[str, Any]:
@@ -48,6 +93,12 @@ def _text_only(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def warmup_prompt(processor: Any, user: dict[str, Any]) -> str:
+    """The text a warmup example's reply follows: the user message `user` as text (image blocks
+    dropped), through the chat template without a system turn, up to the assistant's opening."""
+    return processor.apply_chat_template([_text_only(user)], add_generation_prompt=True, tokenize=False)
+
+
 def warmup_example(processor: Any, row: dict[str, Any]) -> tuple[list[int], list[int]] | None:
     """(token ids, labels with -100 outside the assistant turn) of a row's first exchange; None for
     a row without a user turn followed by an assistant turn."""
@@ -56,7 +107,7 @@ def warmup_example(processor: Any, row: dict[str, Any]) -> tuple[list[int], list
     if user is None or user + 1 >= len(msgs) or msgs[user + 1].get("role") != "assistant":
         return None
     pair = [_text_only(msgs[user]), _text_only(msgs[user + 1])]
-    head = processor.apply_chat_template(pair[:1], add_generation_prompt=True, tokenize=False)
+    head = warmup_prompt(processor, msgs[user])
     full = processor.apply_chat_template(pair, tokenize=False)
     tok = processor.tokenizer
     ids_head, ids = tok(head)["input_ids"], tok(full)["input_ids"]
@@ -101,23 +152,41 @@ def train_step(model: Any, opt: Any, examples: list[tuple[list[int], list[int]]]
 
 
 def warm_up(
-    base_dir: str | Path, rows: list[dict[str, Any]], steps: int, out_dir: str | Path, seed: int = 0, processor: Any = None
+    base_dir: str | Path,
+    rows: list[dict[str, Any]],
+    steps: int,
+    out_dir: str | Path,
+    seed: int = 0,
+    processor: Any = None,
+    box_share: float = 0.0,
 ) -> Path:
     """Warm the model in `base_dir` up on `rows` (SFT rows) for `steps` steps into `out_dir`; returns
-    `out_dir`. `processor`: the base's, where the caller has it loaded (None: loaded here). See the
-    module docstring for what is trained, reused and refused."""
+    `out_dir`. `processor`: the base's, where the caller has it loaded (None: loaded here).
+    `box_share`: the share of examples drawn from stated-box rows, each with a fresh box (0: none
+    singled out). See the module docstring for what is trained, reused and refused; a box share
+    outside [0, 1], or above 0 with no stated-box row or no other row, is refused too."""
     import torch
 
     from canvasagent.core.models.loading import load_policy, load_processor
 
     if steps < 0:
         raise ValueError(f"tiny warmup steps must be >= 0, got {steps}")
+    if not 0.0 <= box_share <= 1.0:
+        raise ValueError(f"tiny warmup box share must be in [0, 1], got {box_share}")
     base, out = Path(base_dir), Path(out_dir)
     processor = processor if processor is not None else load_processor(str(base))
     examples = [e for r in rows if (e := warmup_example(processor, r)) is not None]
     if not examples:
         raise ValueError(f"none of the {len(rows)} SFT rows has a user turn followed by an assistant turn to warm up on")
+    boxed = [r for r in rows if stated_box(r) is not None and warmup_example(processor, r) is not None] if box_share else []
+    others = [e for r in rows if not (box_share and stated_box(r)) and (e := warmup_example(processor, r)) is not None]
+    if box_share and not boxed:
+        raise ValueError(f"tiny warmup box share {box_share}: none of the {len(rows)} SFT rows states a box in its first user turn")
+    if box_share < 1.0 and not others:
+        raise ValueError(f"tiny warmup box share {box_share}: every SFT row states a box, so there is nothing else to draw")
     marker = {"steps": steps, "seed": seed, "batch": BATCH, "learning_rate": LEARNING_RATE, **_digest(base, examples)}
+    if box_share:  # absent at 0, so warm folders from before the option stay valid
+        marker["box_share"] = box_share
     if (out / WARMUP_MARKER).exists() and json.loads((out / WARMUP_MARKER).read_text()) == marker:
         log.info("tiny warmup: %s is done already (%d steps), reusing it", out, steps)
         return out
@@ -127,11 +196,19 @@ def warm_up(
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     rng, pad = random.Random(seed), processor.tokenizer.pad_token_id or 0
+
+    def draw() -> tuple[list[int], list[int]]:
+        if not box_share:
+            return rng.choice(examples)
+        if rng.random() < box_share:
+            return warmup_example(processor, fresh_box(rng.choice(boxed), rng))
+        return rng.choice(others)
+
     t0, every = time.perf_counter(), max(1, steps // 5)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for step in range(1, steps + 1):
-            loss = train_step(model, opt, [rng.choice(examples) for _ in range(BATCH)], pad)
+            loss = train_step(model, opt, [draw() for _ in range(BATCH)], pad)
             if step % every == 0 or step == steps:
                 log.info("tiny warmup: step %d/%d, loss %.3f (%.0f s)", step, steps, loss, time.perf_counter() - t0)
     # The processor's files as the builder wrote them (its own save would rename classes), then

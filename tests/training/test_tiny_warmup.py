@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from canvasagent.core.models import load_policy, load_processor
 from canvasagent.training.config import TrainConfig
-from canvasagent.training.tiny_warmup import WARMUP_MARKER, pad_batch, warm_up, warmup_example
+from canvasagent.training.tiny_warmup import (
+    STATED_BOX, WARMUP_MARKER, fresh_box, pad_batch, stated_box, warm_up, warmup_example,
+)
 
 WORDS = ["Best Coffee", "Thank You", "Grand Opening", "Hello World"]
 
@@ -109,3 +114,112 @@ def test_sft_starts_from_the_warmed_model(tmp_path):
     base = load_policy(str(tmp_path / "tiny_base")).state_dict()
     assert any(not torch.equal(warmed[k], base[k]) for k in base)
     assert all(torch.equal(p.detach(), warmed[k]) for k, p in trainer.model.state_dict().items() if k in warmed)
+
+
+# --- fresh boxes (model.tiny_warmup_box_share) ---
+
+def _crop_row(box: str, image: object = None) -> dict:
+    args = {"image": "img_1", "bbox": box}
+    return {"messages": [
+        {"role": "system", "content": [{"type": "text", "text": "SYSTEM TURN"}]},
+        {"role": "user", "content": [{"type": "text", "text": "img_1:"}, {"type": "image", "image": image},
+                                     {"type": "text", "text": f"Crop it to the area {box} (coordinates from 0 to 1000)."}]},
+        {"role": "assistant", "content": [{"type": "text", "text": f"<reason>I crop img_1 to {box}.</reason>"}],
+         "tool_calls": [{"type": "function", "function": {"name": "Crop", "arguments": json.dumps(args)}}]},
+    ]}
+
+
+corner = st.integers(0, 1000)
+
+
+def dumps(x: object) -> str:
+    return json.dumps(x, default=id)  # images as their identity
+
+
+@given(box=st.tuples(corner, corner, corner, corner), seed=st.integers(0, 2**32))
+@settings(max_examples=200, deadline=None)
+def test_fresh_box_replaces_the_stated_box_everywhere_and_nothing_else(box, seed):
+    old = f"[{box[0]}, {box[1]}, {box[2]}, {box[3]}]"
+    image = object()
+    row = _crop_row(old, image)
+    before = dumps(row)
+    new_row = fresh_box(row, random.Random(seed))
+    assert dumps(row) == before  # the input row is not changed
+    new = stated_box(new_row)
+    x1, y1, x2, y2 = map(int, new[1:-1].split(", "))
+    assert 0 <= x1 < x2 <= 1000 and 0 <= y1 < y2 <= 1000 and all(v % 10 == 0 for v in (x1, y1, x2, y2))
+    assert new_row["messages"][1]["content"][1]["image"] is image
+    text = dumps(new_row["messages"])
+    if new != old:
+        assert old not in text
+    assert text.count(new) == dumps(row["messages"]).count(old) == 3  # instruction, reason, call
+    assert json.loads(new_row["messages"][2]["tool_calls"][0]["function"]["arguments"])["bbox"] == new
+    assert text.replace(new, "BOX") == dumps(row["messages"]).replace(old, "BOX")
+
+
+@pytest.mark.parametrize("row, expected", [
+    (ROWS[0], None),
+    ({"messages": [{"role": "user", "content": "img_1: crop to [1, 2, 3, 4] please"}]}, "[1, 2, 3, 4]"),
+    ({"messages": [{"role": "user", "content": "a box [1, 2, 3] or [1,2,3,4] is no box"}]}, None),
+    ({"messages": [{"role": "assistant", "content": "[1, 2, 3, 4]"}]}, None),
+    ({"messages": []}, None),
+])
+def test_stated_box_reads_the_first_user_turn_only(row, expected):
+    assert stated_box(row) == expected
+    if expected is None:
+        with pytest.raises(ValueError, match="states no box"):
+            fresh_box(row, random.Random(0))
+
+
+BOXED = [_crop_row(b) for b in ("[100, 200, 300, 400]", "[500, 100, 900, 600]")]
+
+
+def test_box_share_draws_fresh_boxes_at_its_share(tiny_qwen3vl_dir, tmp_path, monkeypatch):
+    from canvasagent.training import tiny_warmup
+
+    drawn: list[str] = []
+    real = tiny_warmup.train_step
+    processor = load_processor(str(tiny_qwen3vl_dir))
+    tok = processor.tokenizer
+
+    def spy(model, opt, examples, pad):
+        drawn.extend(tok.decode(ids) for ids, _ in examples)
+        return real(model, opt, examples, pad)
+
+    monkeypatch.setattr(tiny_warmup, "train_step", spy)
+    warm_up(tiny_qwen3vl_dir, ROWS + BOXED, 40, tmp_path / "w", processor=processor, box_share=0.5)
+    written = {"[100, 200, 300, 400]", "[500, 100, 900, 600]"}
+    boxes = [m.group(0) for d in drawn if (m := STATED_BOX.search(d))]
+    assert len(drawn) == 40 * 8 and 0.35 < len(boxes) / len(drawn) < 0.65
+    assert len(set(boxes) - written) > 0.9 * len(boxes)  # drawn afresh, not as written
+    assert all(d.count(m.group(0)) == 3 for d in drawn if (m := STATED_BOX.search(d)))
+    marker = json.loads((tmp_path / "w" / WARMUP_MARKER).read_text())
+    assert marker["box_share"] == 0.5
+
+    drawn.clear()  # share 0: the rows as written, and a marker as before the option existed
+    warm_up(tiny_qwen3vl_dir, ROWS + BOXED, 40, tmp_path / "w", processor=processor)
+    examples = {tok.decode(warmup_example(processor, r)[0]) for r in ROWS + BOXED}
+    assert set(drawn) <= examples and len(set(drawn)) == len(examples)
+    assert "box_share" not in json.loads((tmp_path / "w" / WARMUP_MARKER).read_text())
+
+
+@pytest.mark.parametrize("rows, share, message", [
+    (ROWS, 0.25, "none of the 4 SFT rows states a box"),
+    (BOXED, 0.5, "every SFT row states a box"),
+    (ROWS + BOXED, 1.5, r"in \[0, 1\]"),
+    (ROWS + BOXED, -0.1, r"in \[0, 1\]"),
+])
+def test_warmup_refuses_a_box_share_it_cannot_draw(tiny_qwen3vl_dir, tmp_path, rows, share, message):
+    with pytest.raises(ValueError, match=message):
+        warm_up(tiny_qwen3vl_dir, rows, 2, tmp_path / "w", box_share=share)
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("share, steps, message", [
+    (1.5, 10, r"in \[0, 1\]"), (-0.5, 10, r"in \[0, 1\]"), ("0.2", 10, r"in \[0, 1\]"), (True, 10, r"in \[0, 1\]"),
+    (0.25, 0, "needs model.tiny_warmup_steps"),
+])
+def test_config_refuses_bad_box_shares(share, steps, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig.load("sft_tiny_cpu", {"model.tiny_warmup_steps": steps, "model.name_or_path": "tiny",
+                                          "model.tiny_warmup_box_share": share})
