@@ -1,7 +1,7 @@
 """Whether the tiny model's text-only warmup teaches it to copy a box that the instruction states.
 
-    python benchmarks/box_copy.py RUN [--variants 0:1600 0.25:1600] [--warm DIR ...] [--seed 0]
-        [--results FILE]
+    python benchmarks/box_copy.py RUN [--variants 0:1600 0.25:1600 0.25:1600:written] [--warm DIR ...]
+        [--seed 0] [--results FILE]
 
 RUN is a pipeline run folder (`canvasagent pipeline --out RUN`, or a seed folder of
 `benchmarks/train_evidence.py`) with its CanvasCraft data and `sft/tiny_base`.
@@ -9,7 +9,9 @@ RUN is a pipeline run folder (`canvasagent pipeline --out RUN`, or a seed folder
 * Each variant `SHARE:STEPS` runs the real warmup (`canvasagent.training.tiny_warmup.warm_up` with
   `box_share=SHARE`, STEPS steps, seed `--seed`) from the run's untrained base on the run's SFT
   rows, into a temporary folder. SHARE 0 is the warmup as the warm600 testbed runs it: every row
-  drawn uniformly and used as written.
+  drawn uniformly and used as written. `SHARE:STEPS:written` is the control: the same draws with
+  each stated-box row's box as written (`fresh_box` made the identity for that run), so the share
+  and the fresh boxes are told apart.
 * Each `--warm DIR` is an existing warm folder measured as it is (e.g. `RUN/sft/tiny_warm`).
 
 Measured greedily in the warmup's own layout (the first user turn as text, no system turn, no
@@ -44,13 +46,16 @@ BOX = re.compile(r"\[\d+, \d+, \d+, \d+\]")
 CALL_BOX = re.compile(r'"bbox": "(\[[^"\]]*\])"')
 
 
-def variant(text: str) -> tuple[float, int]:
-    """("0.25:1600") -> (0.25, 1600); refuses anything else."""
+def variant(text: str) -> tuple[float, int, bool]:
+    """("0.25:1600") -> (0.25, 1600, True); "0.25:1600:written" -> (0.25, 1600, False): (share,
+    steps, fresh boxes). Refuses anything else."""
+    parts = text.split(":")
     try:
-        share, steps = text.split(":")
-        out = float(share), int(steps)
+        if len(parts) not in (2, 3) or parts[2:] not in ([], ["written"]):
+            raise ValueError
+        out = float(parts[0]), int(parts[1]), len(parts) == 2
     except ValueError:
-        raise SystemExit(f"variant {text!r}: expected SHARE:STEPS, e.g. 0.25:1600") from None
+        raise SystemExit(f"variant {text!r}: expected SHARE:STEPS or SHARE:STEPS:written, e.g. 0.25:1600") from None
     if not 0 <= out[0] <= 1 or out[1] < 1:
         raise SystemExit(f"variant {text!r}: SHARE in [0, 1], STEPS >= 1")
     return out
@@ -112,7 +117,7 @@ def measure(model_dir: Path, cases: list[tuple[dict[str, Any], str]], sft_boxes:
     return {"n": n, "exact": exact / n, "memorised": memorised / n, "digits": digits / n, "no_call": none / n}
 
 
-def report(run: Path, results: list[tuple[str, dict, dict, float]], n_rows: int, n_boxed: int) -> str:
+def report(run: Path, results: list[tuple[str, dict, dict, float | None]], n_rows: int, n_boxed: int) -> str:
     lines = [
         f"# Box copying after the tiny warmup (`{run}`)",
         "",
@@ -125,7 +130,7 @@ def report(run: Path, results: list[tuple[str, dict, dict, float]], n_rows: int,
     for name, h, s, secs in results:
         lines.append(
             f"| {name} | {h['exact']:.3f} ({round(h['exact'] * h['n'])}/{h['n']}) | {h['memorised']:.3f} | {h['digits']:.3f} "
-            f"| {h['no_call']:.3f} | {s['exact']:.3f} ({round(s['exact'] * s['n'])}/{s['n']}) | {s['digits']:.3f} | {secs:.0f} |"
+            f"| {h['no_call']:.3f} | {s['exact']:.3f} ({round(s['exact'] * s['n'])}/{s['n']}) | {s['digits']:.3f} | {'—' if secs is None else f'{secs:.0f}'} |"
         )
     return "\n".join(lines)
 
@@ -133,12 +138,16 @@ def report(run: Path, results: list[tuple[str, dict, dict, float]], n_rows: int,
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path)
-    ap.add_argument("--variants", nargs="*", default=["0:1600", "0.25:1600"], help="SHARE:STEPS warmups to run")
+    ap.add_argument("--variants", nargs="*", default=["0:1600", "0.25:1600", "0.25:1600:written"],
+                    help="SHARE:STEPS[:written] warmups to run")
     ap.add_argument("--warm", nargs="*", type=Path, default=[], help="existing warm folders to measure as they are")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", type=Path)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from unittest import mock
+
+    from canvasagent.training import tiny_warmup
     from canvasagent.training.tiny_warmup import stated_box, warm_up
 
     variants = [variant(v) for v in args.variants]
@@ -156,15 +165,18 @@ def main(argv: list[str] | None = None) -> None:
     sft_boxes = {b for _, b in boxed}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for share, steps in variants:
+        for share, steps, fresh in variants:
             t0 = time.perf_counter()
-            warm = warm_up(base, rows, steps, Path(tmp) / f"warm_{share}_{steps}", seed=args.seed, box_share=share)
+            # The control keeps each drawn row's box as written.
+            with mock.patch.object(tiny_warmup, "fresh_box", tiny_warmup.fresh_box if fresh else lambda row, rng: row):
+                warm = warm_up(base, rows, steps, Path(tmp) / f"warm_{share}_{steps}_{fresh}", seed=args.seed, box_share=share)
             secs = time.perf_counter() - t0
-            results.append((f"warmup {steps} steps, box share {share:g}", measure(warm, cases, sft_boxes),
+            name = f"warmup {steps} steps, box share {share:g}" + ("" if fresh or not share else ", boxes as written")
+            results.append((name, measure(warm, cases, sft_boxes),
                             measure(warm, boxed, sft_boxes), secs))
             print(f"  {results[-1][0]}: held-out exact {results[-1][1]['exact']:.3f}", file=sys.stderr, flush=True)
     for d in args.warm:
-        results.append((f"`{d}`", measure(d, cases, sft_boxes), measure(d, boxed, sft_boxes), float("nan")))
+        results.append((f"`{d}`", measure(d, cases, sft_boxes), measure(d, boxed, sft_boxes), None))
     text = report(args.run, results, len(rows), len(boxed))
     print(text)
     if args.results:

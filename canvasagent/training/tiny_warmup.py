@@ -15,9 +15,10 @@ clipped to 1, examples drawn with `seed`.
 Fresh boxes (`box_share` p > 0): each example is drawn from the rows whose first user turn states a
 box (`[x1, y1, x2, y2]`, e.g. a Crop "to the area [280, 190, 770, 520]") with probability p, else
 from the other rows, and every stated-box example gets a box drawn afresh (`fresh_box`) wherever its
-first exchange writes the stated one. Why: digits are single tokens, and a few dozen stated boxes
-are memorised long before they are copied; the random model learns to copy a box only when the box
-changes from draw to draw (`benchmarks/box_copy.py`). A pretrained VLM arrives able to copy numbers
+first exchange writes the stated one. Why: digits are single tokens, and the random model
+learns the few dozen stated boxes of the SFT rows by heart, instruction by instruction, before it
+learns to copy one; it copies boxes it has not seen only when the box changes from draw to draw
+(`benchmarks/box_copy.py`). A pretrained VLM arrives able to copy numbers
 out of its prompt; the images are not shown here, so a box that no longer matches them costs
 nothing. p = 0 draws every row uniformly and uses it as written.
 
