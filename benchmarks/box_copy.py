@@ -9,20 +9,23 @@ RUN is a pipeline run folder (`canvasagent pipeline --out RUN`, or a seed folder
 * Each variant `SHARE:STEPS` runs the real warmup (`canvasagent.training.tiny_warmup.warm_up` with
   `box_share=SHARE`, STEPS steps, seed `--seed`) from the run's untrained base on the run's SFT
   rows, into a temporary folder. SHARE 0 is the warmup as the warm600 testbed runs it: every row
-  drawn uniformly and used as written. `SHARE:STEPS:written` is the control: the same draws with
-  each stated-box row's box as written (`fresh_box` made the identity for that run), so the share
-  and the fresh boxes are told apart.
+  drawn uniformly and used as written. `SHARE:STEPS:written` is the control: the same draws (the
+  same rows in the same order) with each stated-box row's box as written (`fresh_box` draws its
+  box and returns the row unchanged), so the share and the fresh boxes are told apart.
 * Each `--warm DIR` is an existing warm folder measured as it is (e.g. `RUN/sft/tiny_warm`).
 
 Measured greedily in the warmup's own layout (the first user turn as text, no system turn, no
-image), the reply's first Crop call against the stated box:
-* **held out**: the run's GRPO and evaluation tasks whose instruction states a box; no SFT row
-  holds them;
+image), the first `"bbox": "[...]"` argument of the reply against the stated box:
+* **held out**: the run's GRPO and evaluation tasks whose instruction states a box that no SFT row
+  states (any that one does are left out and counted in the report);
 * **SFT rows**: the SFT rows whose instruction states a box, their own boxes.
-Columns: exact (the call's box is the stated one), memorised (the call's box is one of the SFT
-rows' boxes while the stated one is not), digit accuracy (the digits of the call's box against
-the stated box's, position by position; a missing call scores 0), and no call. A model that
-memorises writes SFT boxes on held-out tasks: exact on SFT rows and not on held-out ones.
+Columns: exact (the call's box is the stated one), SFT box (on held-out tasks: the call writes a
+box of an SFT row instead), digit accuracy (the share of the stated box's digits that the call's
+box has in the same place of the same corner, units with units; a missing box scores 0; every
+unit digit of these boxes is 0, so a wrong box of the same shape still scores about 0.4), and no
+box. A model that learned its rows' boxes by heart, instruction by instruction, is exact on SFT
+rows and not on held-out ones; the SFT box column says whether it also writes those boxes
+elsewhere.
 
 Prints a markdown report and writes it to `--results`.
 """
@@ -42,12 +45,11 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-BOX = re.compile(r"\[\d+, \d+, \d+, \d+\]")
 CALL_BOX = re.compile(r'"bbox": "(\[[^"\]]*\])"')
 
 
 def variant(text: str) -> tuple[float, int, bool]:
-    """("0.25:1600") -> (0.25, 1600, True); "0.25:1600:written" -> (0.25, 1600, False): (share,
+    """"0.25:1600" -> (0.25, 1600, True); "0.25:1600:written" -> (0.25, 1600, False): (share,
     steps, fresh boxes). Refuses anything else."""
     parts = text.split(":")
     try:
@@ -86,10 +88,11 @@ def held_out(run: Path) -> list[tuple[dict[str, Any], str]]:
     """(user message, stated box) of the run's GRPO and evaluation tasks whose instruction states a box."""
     from canvasagent.core.episode import user_content
     from canvasagent.evaluation.tasks_io import load_tasks
+    from canvasagent.training.tiny_warmup import STATED_BOX
 
     root = run / "data" / "canvascraft" / "rl"
     tasks = [t for split in ("eval", "train") for t in load_tasks(root, split=split)]
-    return [({"role": "user", "content": user_content(t)}, m.group(0)) for t in tasks if (m := BOX.search(t.instruction))]
+    return [({"role": "user", "content": user_content(t)}, m.group(0)) for t in tasks if (m := STATED_BOX.search(t.instruction))]
 
 
 def measure(model_dir: Path, cases: list[tuple[dict[str, Any], str]], sft_boxes: set[str]) -> dict[str, float]:
@@ -101,7 +104,7 @@ def measure(model_dir: Path, cases: list[tuple[dict[str, Any], str]], sft_boxes:
     processor, model = load_processor(str(model_dir)), load_policy(str(model_dir))
     model.eval()
     tok = processor.tokenizer
-    exact = memorised = none = 0
+    exact = sft_box = none = 0
     digits = 0.0
     with torch.inference_mode():
         for user, want in cases:
@@ -110,27 +113,29 @@ def measure(model_dir: Path, cases: list[tuple[dict[str, Any], str]], sft_boxes:
             m = CALL_BOX.search(tok.decode(out[0, ids.shape[1]:]))
             got = m.group(1) if m else None
             exact += got == want
-            memorised += got is not None and got != want and got in sft_boxes
+            sft_box += got is not None and got != want and got in sft_boxes
             none += got is None
             digits += digit_accuracy(got, want)
     n = len(cases)
-    return {"n": n, "exact": exact / n, "memorised": memorised / n, "digits": digits / n, "no_call": none / n}
+    return {"n": n, "exact": exact / n, "sft_box": sft_box / n, "digits": digits / n, "no_box": none / n}
 
 
-def report(run: Path, results: list[tuple[str, dict, dict, float | None]], n_rows: int, n_boxed: int) -> str:
+def report(run: Path, results: list[tuple[str, dict, dict, float | None]], n_rows: int, n_boxed: int, n_shared: int,
+           seed: int) -> str:
     lines = [
         f"# Box copying after the tiny warmup (`{run}`)",
         "",
-        f"SFT rows: {n_rows}, of which {n_boxed} state a box. Greedy, text only, the warmup's layout; "
-        "the reply's first Crop box against the stated box.",
+        f"SFT rows: {n_rows}, of which {n_boxed} state a box; held-out tasks whose box an SFT row states too, left "
+        f"out: {n_shared}. Warmups drawn with seed {seed}. Greedy, text only, the warmup's layout; the reply's first "
+        "bbox against the stated box (digits: about 0.4 for a wrong box, its unit digits being 0).",
         "",
-        "| model | held out: exact | memorised | digits | no call | SFT rows: exact | digits | warmup s |",
+        "| model | held out: exact | SFT box | digits | no box | SFT rows: exact | digits | warmup s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, h, s, secs in results:
         lines.append(
-            f"| {name} | {h['exact']:.3f} ({round(h['exact'] * h['n'])}/{h['n']}) | {h['memorised']:.3f} | {h['digits']:.3f} "
-            f"| {h['no_call']:.3f} | {s['exact']:.3f} ({round(s['exact'] * s['n'])}/{s['n']}) | {s['digits']:.3f} | {'—' if secs is None else f'{secs:.0f}'} |"
+            f"| {name} | {h['exact']:.3f} ({round(h['exact'] * h['n'])}/{h['n']}) | {h['sft_box']:.3f} | {h['digits']:.3f} "
+            f"| {h['no_box']:.3f} | {s['exact']:.3f} ({round(s['exact'] * s['n'])}/{s['n']}) | {s['digits']:.3f} | {'—' if secs is None else f'{secs:.0f}'} |"
         )
     return "\n".join(lines)
 
@@ -159,16 +164,18 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{d}: not a model folder")
     rows = sft_rows(args.run)
     boxed = [(r["messages"][1], b) for r in rows if (b := stated_box(r))]
-    cases = held_out(args.run)
+    sft_boxes = {b for _, b in boxed}
+    every = held_out(args.run)
+    cases = [(u, b) for u, b in every if b not in sft_boxes]
     if not boxed or not cases:
         raise SystemExit(f"{args.run}: {len(boxed)} SFT rows and {len(cases)} held-out tasks state a box; need both")
-    sft_boxes = {b for _, b in boxed}
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for share, steps, fresh in variants:
             t0 = time.perf_counter()
-            # The control keeps each drawn row's box as written.
-            with mock.patch.object(tiny_warmup, "fresh_box", tiny_warmup.fresh_box if fresh else lambda row, rng: row):
+            # The control draws a box, so the rows drawn are the same, and keeps each row's box as written.
+            real = tiny_warmup.fresh_box
+            with mock.patch.object(tiny_warmup, "fresh_box", real if fresh else lambda row, rng: (real(row, rng), row)[1]):
                 warm = warm_up(base, rows, steps, Path(tmp) / f"warm_{share}_{steps}_{fresh}", seed=args.seed, box_share=share)
             secs = time.perf_counter() - t0
             name = f"warmup {steps} steps, box share {share:g}" + ("" if fresh or not share else ", boxes as written")
@@ -177,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {results[-1][0]}: held-out exact {results[-1][1]['exact']:.3f}", file=sys.stderr, flush=True)
     for d in args.warm:
         results.append((f"`{d}`", measure(d, cases, sft_boxes), measure(d, boxed, sft_boxes), None))
-    text = report(args.run, results, len(rows), len(boxed))
+    text = report(args.run, results, len(rows), len(boxed), len(every) - len(cases), args.seed)
     print(text)
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)

@@ -23,9 +23,10 @@ out of its prompt; the images are not shown here, so a box that no longer matche
 nothing. p = 0 draws every row uniformly and uses it as written.
 
 `warm_up` writes the weights and the processor to `out_dir` and, last, `WARMUP_MARKER` naming the
-base weights, the examples, the steps and the seed; a folder whose marker matches is reused as it is
-and any other is rebuilt, so an interrupted warmup starts over (it takes minutes). It refuses a
-negative step count and rows that give no example.
+base weights, the examples, the steps, the seed and (above 0) the box share; a folder whose marker
+matches is reused as it is and any other is rebuilt, so an interrupted warmup starts over (it takes
+minutes). It refuses a negative step count, rows that give no example, a box share outside [0, 1],
+and a box share above 0 with no stated-box row or (below 1) no other row.
 """
 
 from __future__ import annotations
@@ -62,22 +63,29 @@ def stated_box(row: dict[str, Any]) -> str | None:
 
 
 def fresh_box(row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
-    """`row` with the box its first user turn states replaced, in every message and call argument, by
-    a box drawn with `rng`: corners on the 0-1000 grid in steps of 10, x1 < x2 and y1 < y2. Refuses a
-    row that states no box."""
+    """`row` with the box its first user turn states replaced by a box drawn with `rng` (corners on
+    the 0-1000 grid in steps of 10, x1 < x2 and y1 < y2), wherever a message writes it: in any
+    string (text, call arguments as JSON text; any spacing, rewritten as `[x1, y1, x2, y2]`) and as a
+    list of four integers (call arguments as objects). Images and other values are left as they
+    are, and `row` itself is not changed. Refuses a row that states no box."""
     old = stated_box(row)
     if old is None:
         raise ValueError("the row's first user turn states no box")
+    corners = [int(v) for v in STATED_BOX.fullmatch(old).groups()]
+    written = re.compile(r"\[\s*" + r"\s*,\s*".join(map(str, corners)) + r"\s*\]")
     x1, x2 = sorted(rng.sample(range(101), 2))
     y1, y2 = sorted(rng.sample(range(101), 2))
-    new = f"[{x1 * 10}, {y1 * 10}, {x2 * 10}, {y2 * 10}]"
+    box = [x1 * 10, y1 * 10, x2 * 10, y2 * 10]
+    text = f"[{box[0]}, {box[1]}, {box[2]}, {box[3]}]"
 
-    def swap(x: Any) -> Any:  # every string, call arguments (JSON text) included; images untouched
+    def swap(x: Any) -> Any:
         if isinstance(x, str):
-            return x.replace(old, new)
+            return written.sub(text, x)
         if isinstance(x, dict):
             return {k: swap(v) for k, v in x.items()}
         if isinstance(x, list):
+            if len(x) == 4 and all(type(v) is int for v in x) and x == corners:
+                return list(box)
             return [swap(v) for v in x]
         return x
 
@@ -176,11 +184,12 @@ def warm_up(
         raise ValueError(f"tiny warmup box share must be in [0, 1], got {box_share}")
     base, out = Path(base_dir), Path(out_dir)
     processor = processor if processor is not None else load_processor(str(base))
-    examples = [e for r in rows if (e := warmup_example(processor, r)) is not None]
+    pairs = [(r, e) for r in rows if (e := warmup_example(processor, r)) is not None]
+    examples = [e for _, e in pairs]
     if not examples:
         raise ValueError(f"none of the {len(rows)} SFT rows has a user turn followed by an assistant turn to warm up on")
-    boxed = [r for r in rows if stated_box(r) is not None and warmup_example(processor, r) is not None] if box_share else []
-    others = [e for r in rows if not (box_share and stated_box(r)) and (e := warmup_example(processor, r)) is not None]
+    boxed = [r for r, _ in pairs if box_share and stated_box(r) is not None]  # drawn as rows: each gets its own box
+    others = [e for r, e in pairs if not (box_share and stated_box(r) is not None)]
     if box_share and not boxed:
         raise ValueError(f"tiny warmup box share {box_share}: none of the {len(rows)} SFT rows states a box in its first user turn")
     if box_share < 1.0 and not others:

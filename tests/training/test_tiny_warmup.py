@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -100,14 +101,24 @@ def test_config_refuses_bad_warmup_settings(steps, path, message):
         TrainConfig.load("sft_tiny_cpu", {"model.tiny_warmup_steps": steps, "model.name_or_path": path})
 
 
-def test_sft_starts_from_the_warmed_model(tmp_path):
+def test_sft_starts_from_the_warmed_model(tmp_path, monkeypatch):
+    from canvasagent.training import sft
     from canvasagent.training.sft import build_sft_trainer
 
+    seen = {}
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return warm_up(*args, **{**kwargs, "box_share": 0.0})  # scripted rows state no box
+
+    monkeypatch.setattr(sft, "warm_up", spy)
     cfg = TrainConfig.load("sft_tiny_cpu", {
         "run.output_dir": str(tmp_path), "model.name_or_path": "tiny", "model.tiny_warmup_steps": 3,
+        "model.tiny_warmup_box_share": 0.25,
         "data.n_train": 4, "optim.max_steps": 1, "optim.per_device_train_batch_size": 2,
     })
     trainer, _, ws = build_sft_trainer(cfg)
+    assert seen["box_share"] == 0.25
     assert ws.model_path == str(tmp_path / "tiny_warm")
     assert json.loads((tmp_path / "tiny_warm" / WARMUP_MARKER).read_text())["steps"] == 3
     warmed = load_policy(ws.model_path).state_dict()
@@ -196,11 +207,42 @@ def test_box_share_draws_fresh_boxes_at_its_share(tiny_qwen3vl_dir, tmp_path, mo
     marker = json.loads((tmp_path / "w" / WARMUP_MARKER).read_text())
     assert marker["box_share"] == 0.5
 
-    drawn.clear()  # share 0: the rows as written, and a marker as before the option existed
+    drawn.clear()
+    assert warm_up(tiny_qwen3vl_dir, ROWS + BOXED, 40, tmp_path / "w", processor=processor, box_share=0.5) == tmp_path / "w"
+    assert drawn == []  # the same share: reused
+    warm_up(tiny_qwen3vl_dir, ROWS + BOXED, 40, tmp_path / "w", processor=processor, box_share=0.25)
+    assert json.loads((tmp_path / "w" / WARMUP_MARKER).read_text())["box_share"] == 0.25  # another: rebuilt
+
+    drawn.clear()  # share 0: the rows as written, drawn as before the option existed, and its marker
     warm_up(tiny_qwen3vl_dir, ROWS + BOXED, 40, tmp_path / "w", processor=processor)
-    examples = {tok.decode(warmup_example(processor, r)[0]) for r in ROWS + BOXED}
-    assert set(drawn) <= examples and len(set(drawn)) == len(examples)
-    assert "box_share" not in json.loads((tmp_path / "w" / WARMUP_MARKER).read_text())
+    examples = [tok.decode(warmup_example(processor, r)[0]) for r in ROWS + BOXED]
+    rng = random.Random(0)
+    assert drawn == [rng.choice(examples) for _ in range(40 * 8)]
+    assert set(json.loads((tmp_path / "w" / WARMUP_MARKER).read_text())) == {
+        "steps", "seed", "batch", "learning_rate", "base", "examples"}
+
+
+def test_box_share_one_draws_only_stated_boxes(tiny_qwen3vl_dir, tmp_path):
+    out = warm_up(tiny_qwen3vl_dir, BOXED, 2, tmp_path / "w", box_share=1.0)
+    assert json.loads((out / WARMUP_MARKER).read_text())["box_share"] == 1.0
+
+
+@pytest.mark.parametrize("bbox", [[280, 190, 770, 520], "[280, 190, 770, 520]", "[280,190,770,520]"])
+def test_fresh_box_rewrites_a_reply_built_the_way_sft_rows_are(tiny_qwen3vl_dir, bbox):
+    from canvasagent.core.protocol import format_reply
+    from canvasagent.training.messages import assistant_message
+
+    reply = format_reply("I crop img_1 to [280, 190, 770, 520].", {"name": "Crop", "arguments": {"image": "img_1", "bbox": bbox}})
+    row = {"messages": [{"role": "user", "content": [{"type": "text", "text": "img_1:"}, {"type": "image"},
+                                                     {"type": "text", "text": "Crop it to the area [280, 190, 770, 520]."}]},
+                        assistant_message(reply)]}
+    processor = load_processor(str(tiny_qwen3vl_dir))
+    before = processor.tokenizer.decode(warmup_example(processor, row)[0])
+    after = processor.tokenizer.decode(warmup_example(processor, fresh_box(row, random.Random(3)))[0])
+    new = stated_box(fresh_box(row, random.Random(3)))
+    old_anywhere = r"\[\s*280\s*,\s*190\s*,\s*770\s*,\s*520\s*\]"
+    assert len(re.findall(old_anywhere, before)) == 3 and not re.findall(old_anywhere, after)
+    assert after.count(new) + after.count(new.replace(" ", "")) == 3
 
 
 @pytest.mark.parametrize("rows, share, message", [
