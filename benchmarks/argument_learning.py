@@ -65,7 +65,7 @@ def _sft_rows(run: Path):
     return pd.concat(pd.read_parquet(f) for f in shards)
 
 
-def _held_out_tasks(run: Path) -> list:
+def held_out_tasks(run: Path) -> list:
     from canvasagent.evaluation.tasks_io import load_tasks
 
     root = run / "data" / "canvascraft" / "rl"
@@ -80,7 +80,7 @@ def examples(run: Path) -> tuple[list[Example], list[Example]]:
         args = overlay_text_args([t["call"] for t in turns if t.get("call")])
         if args:
             train.append((str(r.instruction), args))
-    held = [(t.instruction, a) for t in _held_out_tasks(run) if (a := overlay_text_args(t.meta.get("reference_calls") or []))]
+    held = [(t.instruction, a) for t in held_out_tasks(run) if (a := overlay_text_args(t.meta.get("reference_calls") or []))]
     if not train or not held:
         raise SystemExit(f"{run}: {len(train)} SFT and {len(held)} held-out Overlayer text calls; need both")
     return train, held
@@ -223,7 +223,7 @@ def probe(run: Path, n: int, ckpt: Path | None = None) -> dict[str, dict[str, tu
         if args:
             image = Image.open(io.BytesIO(r.images[0]["bytes"])).convert("RGB")
             items["SFT rows"].append((Task(id=str(r.id), instruction=str(r.instruction), images=[image]), args))
-    for t in _held_out_tasks(run):
+    for t in held_out_tasks(run):
         refs = t.meta.get("reference_calls") or []
         if t.meta.get("chain") == "Overlay" and (args := overlay_text_args(refs[:1])):
             items["held-out"].append((t, args))

@@ -86,16 +86,17 @@ def sft_rows(run: Path) -> list[dict[str, Any]]:
 
 def held_out(run: Path) -> list[tuple[dict[str, Any], str]]:
     """(user message, stated box) of the run's GRPO and evaluation tasks whose instruction states a box."""
+    from argument_learning import held_out_tasks
+
     from canvasagent.core.episode import user_content
-    from canvasagent.evaluation.tasks_io import load_tasks
     from canvasagent.training.tiny_warmup import STATED_BOX
 
-    root = run / "data" / "canvascraft" / "rl"
-    tasks = [t for split in ("eval", "train") for t in load_tasks(root, split=split)]
-    return [({"role": "user", "content": user_content(t)}, m.group(0)) for t in tasks if (m := STATED_BOX.search(t.instruction))]
+    return [({"role": "user", "content": user_content(t)}, m.group(0))
+            for t in held_out_tasks(run) if (m := STATED_BOX.search(t.instruction))]
 
 
-def measure(model_dir: Path, cases: list[tuple[dict[str, Any], str]], sft_boxes: set[str]) -> dict[str, float]:
+def measure(model_dir: Path, sets: list[list[tuple[dict[str, Any], str]]], sft_boxes: set[str]) -> list[dict[str, float]]:
+    """The columns of each of `sets` ((user message, stated box) cases) for the model in `model_dir`, loaded once."""
     import torch
 
     from canvasagent.core.models.loading import load_policy, load_processor
@@ -104,9 +105,10 @@ def measure(model_dir: Path, cases: list[tuple[dict[str, Any], str]], sft_boxes:
     processor, model = load_processor(str(model_dir)), load_policy(str(model_dir))
     model.eval()
     tok = processor.tokenizer
-    exact = sft_box = none = 0
-    digits = 0.0
-    with torch.inference_mode():
+
+    def columns(cases: list[tuple[dict[str, Any], str]]) -> dict[str, float]:
+        exact = sft_box = none = 0
+        digits = 0.0
         for user, want in cases:
             ids = tok(warmup_prompt(processor, user), return_tensors="pt")["input_ids"]
             out = model.generate(input_ids=ids, max_new_tokens=160, do_sample=False)
@@ -116,8 +118,11 @@ def measure(model_dir: Path, cases: list[tuple[dict[str, Any], str]], sft_boxes:
             sft_box += got is not None and got != want and got in sft_boxes
             none += got is None
             digits += digit_accuracy(got, want)
-    n = len(cases)
-    return {"n": n, "exact": exact / n, "sft_box": sft_box / n, "digits": digits / n, "no_box": none / n}
+        n = len(cases)
+        return {"n": n, "exact": exact / n, "sft_box": sft_box / n, "digits": digits / n, "no_box": none / n}
+
+    with torch.inference_mode():
+        return [columns(c) for c in sets]
 
 
 def report(run: Path, results: list[tuple[str, dict, dict, float | None]], n_rows: int, n_boxed: int, n_shared: int,
@@ -179,11 +184,10 @@ def main(argv: list[str] | None = None) -> None:
                 warm = warm_up(base, rows, steps, Path(tmp) / f"warm_{share}_{steps}_{fresh}", seed=args.seed, box_share=share)
             secs = time.perf_counter() - t0
             name = f"warmup {steps} steps, box share {share:g}" + ("" if fresh or not share else ", boxes as written")
-            results.append((name, measure(warm, cases, sft_boxes),
-                            measure(warm, boxed, sft_boxes), secs))
+            results.append((name, *measure(warm, [cases, boxed], sft_boxes), secs))
             print(f"  {results[-1][0]}: held-out exact {results[-1][1]['exact']:.3f}", file=sys.stderr, flush=True)
     for d in args.warm:
-        results.append((f"`{d}`", measure(d, cases, sft_boxes), measure(d, boxed, sft_boxes), None))
+        results.append((f"`{d}`", *measure(d, [cases, boxed], sft_boxes), None))
     text = report(args.run, results, len(rows), len(boxed), len(every) - len(cases), args.seed)
     print(text)
     if args.results:

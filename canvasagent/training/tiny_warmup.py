@@ -188,8 +188,9 @@ def warm_up(
     examples = [e for _, e in pairs]
     if not examples:
         raise ValueError(f"none of the {len(rows)} SFT rows has a user turn followed by an assistant turn to warm up on")
-    boxed = [r for r, _ in pairs if box_share and stated_box(r) is not None]  # drawn as rows: each gets its own box
-    others = [e for r, e in pairs if not (box_share and stated_box(r) is not None)]
+    singled = [bool(box_share) and stated_box(r) is not None for r, _ in pairs]
+    boxed = [r for (r, _), b in zip(pairs, singled) if b]  # drawn as rows: each gets its own box
+    others = [e for (_, e), b in zip(pairs, singled) if not b]
     if box_share and not boxed:
         raise ValueError(f"tiny warmup box share {box_share}: none of the {len(rows)} SFT rows states a box in its first user turn")
     if box_share < 1.0 and not others:
