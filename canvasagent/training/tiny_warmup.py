@@ -23,7 +23,8 @@ out of its prompt; the images are not shown here, so a box that no longer matche
 nothing. p = 0 draws every row uniformly and uses it as written.
 
 `warm_up` writes the weights and the processor to `out_dir` and, last, `WARMUP_MARKER` naming the
-base weights, the examples, the steps, the seed and (above 0) the box share; a folder whose marker
+base weights, the examples, the steps, the seed and (above 0) the box share and `FRESH_BOX_SCHEME`
+(how `fresh_box` draws and writes a box: a change to it must bump the name); a folder whose marker
 matches is reused as it is and any other is rebuilt, so an interrupted warmup starts over (it takes
 minutes). It refuses a negative step count, rows that give no example, a box share outside [0, 1],
 and a box share above 0 with no stated-box row or (below 1) no other row.
@@ -49,6 +50,9 @@ LEARNING_RATE = 5e-4
 BATCH = 8
 WARMUP_MARKER = "canvasagent_warmup.json"
 STATED_BOX = re.compile(r"\[(\d+), (\d+), (\d+), (\d+)\]")
+# Names what `fresh_box` does, for the warm folder's marker: a folder warmed on boxes drawn or
+# written another way must not be reused.
+FRESH_BOX_SCHEME = "grid10-sorted-corners-any-spacing-and-int-lists/1"
 
 
 def stated_box(row: dict[str, Any]) -> str | None:
@@ -198,6 +202,7 @@ def warm_up(
     marker = {"steps": steps, "seed": seed, "batch": BATCH, "learning_rate": LEARNING_RATE, **_digest(base, examples)}
     if box_share:  # absent at 0, so warm folders from before the option stay valid
         marker["box_share"] = box_share
+        marker["box_scheme"] = FRESH_BOX_SCHEME
     if (out / WARMUP_MARKER).exists() and json.loads((out / WARMUP_MARKER).read_text()) == marker:
         log.info("tiny warmup: %s is done already (%d steps), reusing it", out, steps)
         return out

@@ -205,11 +205,17 @@ def test_box_share_draws_fresh_boxes_at_its_share(tiny_qwen3vl_dir, tmp_path, mo
     assert len(set(boxes) - written) > 0.9 * len(boxes)  # drawn afresh, not as written
     assert all(d.count(m.group(0)) == 3 for d in drawn if (m := STATED_BOX.search(d)))
     marker = json.loads((tmp_path / "w" / WARMUP_MARKER).read_text())
-    assert marker["box_share"] == 0.5
+    assert marker["box_share"] == 0.5 and marker["box_scheme"] == tiny_warmup.FRESH_BOX_SCHEME
 
     drawn.clear()
     assert warm_up(tiny_qwen3vl_dir, ROWS + BOXED, 40, tmp_path / "w", processor=processor, box_share=0.5) == tmp_path / "w"
     assert drawn == []  # the same share: reused
+    monkeypatch.setattr(tiny_warmup, "FRESH_BOX_SCHEME", "another way to draw boxes")
+    warm_up(tiny_qwen3vl_dir, ROWS + BOXED, 40, tmp_path / "w", processor=processor, box_share=0.5)
+    assert len(drawn) == 40 * 8  # the same share, boxes drawn another way: rebuilt
+    assert json.loads((tmp_path / "w" / WARMUP_MARKER).read_text())["box_scheme"] == "another way to draw boxes"
+    monkeypatch.undo()
+    monkeypatch.setattr(tiny_warmup, "train_step", spy)
     warm_up(tiny_qwen3vl_dir, ROWS + BOXED, 40, tmp_path / "w", processor=processor, box_share=0.25)
     assert json.loads((tmp_path / "w" / WARMUP_MARKER).read_text())["box_share"] == 0.25  # another: rebuilt
 
