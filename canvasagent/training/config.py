@@ -31,6 +31,10 @@ class ModelSection:
     # The share of warmup examples drawn from SFT rows that state a box, each with a fresh box
     # (canvasagent.training.tiny_warmup.fresh_box); 0: rows drawn uniformly, as written.
     tiny_warmup_box_share: float = 0.0
+    # The share drawn from SFT rows whose first call turns their picture upright by an angle the
+    # instruction leaves unstated, each with a scene drawn afresh (tiny_warmup.fresh_scene); the
+    # two shares add up to at most 1.
+    tiny_warmup_angle_share: float = 0.0
     attn_implementation: str | None = None  # e.g. flash_attention_2 on GPUs
 
 
@@ -191,11 +195,14 @@ class TrainConfig:
             raise ValueError(f"model.tiny_warmup_steps must be an integer >= 0, got {w!r}")
         if w and self.model.name_or_path != TINY:
             raise ValueError(f"model.tiny_warmup_steps warms up the tiny model only; name_or_path is {self.model.name_or_path!r}")
-        b = self.model.tiny_warmup_box_share
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b <= 1:
-            raise ValueError(f"model.tiny_warmup_box_share must be a number in [0, 1], got {b!r}")
-        if b and not w:
-            raise ValueError("model.tiny_warmup_box_share needs model.tiny_warmup_steps > 0: it shapes the warmup")
+        for name in ("tiny_warmup_box_share", "tiny_warmup_angle_share"):
+            b = getattr(self.model, name)
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b <= 1:
+                raise ValueError(f"model.{name} must be a number in [0, 1], got {b!r}")
+            if b and not w:
+                raise ValueError(f"model.{name} needs model.tiny_warmup_steps > 0: it shapes the warmup")
+        if self.model.tiny_warmup_box_share + self.model.tiny_warmup_angle_share > 1:
+            raise ValueError("model.tiny_warmup_box_share and model.tiny_warmup_angle_share add up to more than 1")
         if self.easel.coords not in ("unit", "int1000"):
             raise ValueError(f"easel.coords must be unit or int1000, got {self.easel.coords!r}")
         source.validate(self)

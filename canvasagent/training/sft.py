@@ -12,6 +12,7 @@ from canvasagent.training.common import (
     common_trl_args,
     last_checkpoint,
     load_model_and_processor,
+    load_tools_config,
     peft_config,
     save_final,
     whole_run_loss,
@@ -22,6 +23,7 @@ from canvasagent.training.data import sft_rows
 from canvasagent.training.preflight import require_ready
 from canvasagent.training.messages import fill_images, system_text
 from canvasagent.training.tiny_warmup import warm_up
+from toolserver.validation import Profile
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ def build_sft_trainer(cfg: TrainConfig, callbacks: list | None = None):
         warm = warm_up(
             ws.model_path, rows, cfg.model.tiny_warmup_steps, ws.output_dir / "tiny_warm",
             seed=cfg.model.tiny_seed, processor=processor, box_share=float(cfg.model.tiny_warmup_box_share),
+            angle_share=float(cfg.model.tiny_warmup_angle_share), profile=Profile(load_tools_config(cfg).profile),
         )
         ws = replace(ws, model_path=str(warm))
     model, processor = load_model_and_processor(ws, processor=processor)

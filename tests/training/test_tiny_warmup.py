@@ -1,4 +1,4 @@
-"""The tiny model's text-only warmup before SFT: its examples, its learning, reuse and refusals."""
+"""The tiny model's warmup before SFT: its examples (fresh boxes and scenes too), its learning, reuse and refusals."""
 
 from __future__ import annotations
 
@@ -109,16 +109,16 @@ def test_sft_starts_from_the_warmed_model(tmp_path, monkeypatch):
 
     def spy(*args, **kwargs):
         seen.update(kwargs)
-        return warm_up(*args, **{**kwargs, "box_share": 0.0})  # scripted rows state no box
+        return warm_up(*args, **{**kwargs, "box_share": 0.0, "angle_share": 0.0})  # scripted rows state their boxes and angles
 
     monkeypatch.setattr(sft, "warm_up", spy)
     cfg = TrainConfig.load("sft_tiny_cpu", {
         "run.output_dir": str(tmp_path), "model.name_or_path": "tiny", "model.tiny_warmup_steps": 3,
-        "model.tiny_warmup_box_share": 0.25,
+        "model.tiny_warmup_box_share": 0.25, "model.tiny_warmup_angle_share": 0.5,
         "data.n_train": 4, "optim.max_steps": 1, "optim.per_device_train_batch_size": 2,
     })
     trainer, _, ws = build_sft_trainer(cfg)
-    assert seen["box_share"] == 0.25
+    assert (seen["box_share"], seen["angle_share"], seen["profile"].value) == (0.25, 0.5, "canvascraft")
     assert ws.model_path == str(tmp_path / "tiny_warm")
     assert json.loads((tmp_path / "tiny_warm" / WARMUP_MARKER).read_text())["steps"] == 3
     warmed = load_policy(ws.model_path).state_dict()
@@ -253,7 +253,7 @@ def test_fresh_box_rewrites_a_reply_built_the_way_sft_rows_are(tiny_qwen3vl_dir,
 
 @pytest.mark.parametrize("rows, share, message", [
     (ROWS, 0.25, "none of the 4 SFT rows states a box"),
-    (BOXED, 0.5, "every SFT row states a box"),
+    (BOXED, 0.5, "every SFT row is singled out"),
     (ROWS + BOXED, 1.5, r"in \[0, 1\]"),
     (ROWS + BOXED, -0.1, r"in \[0, 1\]"),
 ])
@@ -271,3 +271,153 @@ def test_config_refuses_bad_box_shares(share, steps, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig.load("sft_tiny_cpu", {"model.tiny_warmup_steps": steps, "model.name_or_path": "tiny",
                                           "model.tiny_warmup_box_share": share})
+
+
+# --- fresh scenes (model.tiny_warmup_angle_share) ---
+
+def _rotate_row(instruction: str, angle: int, then_flip: bool = False, images: int = 1) -> dict:
+    from PIL import Image
+
+    user = [{"type": "text", "text": "img_1:"}, {"type": "image"}]
+    if images == 2:
+        user += [{"type": "text", "text": "img_2:"}, {"type": "image"}]
+    msgs = [
+        {"role": "system", "content": [{"type": "text", "text": "SYSTEM TURN"}]},
+        {"role": "user", "content": [*user, {"type": "text", "text": instruction}]},
+        {"role": "assistant", "content": [{"type": "text", "text": f"<reason>img_1 is turned, so I rotate it by {angle} degrees.</reason>"}],
+         "tool_calls": [{"type": "function", "function": {"name": "Rotate", "arguments": json.dumps({"image": "img_1", "angle": angle})}}]},
+        {"role": "tool", "content": [{"type": "image"}, {"type": "text", "text": "[Output image saved as: Rotate_0.]"}]},
+    ]
+    if then_flip:
+        msgs.append({"role": "assistant", "content": [{"type": "text", "text": "<reason>Now the mirror.</reason>"}],
+                     "tool_calls": [{"type": "function", "function": {"name": "Flip", "arguments": json.dumps({"image": "Rotate_0"})}}]})
+    return {"messages": msgs, "images": [Image.new("RGB", (256, 256), (200, 10, 10))] * (images + 1)}
+
+
+@pytest.mark.parametrize("row, expected", [
+    (_rotate_row("Get it the right way up.", 90), 90),
+    (_rotate_row("Fix the 190 sign so it stands upright.", 90), 90),  # 190 does not state 90
+    (_rotate_row("Rotate the image by 90 degrees.", 90), None),
+    (_rotate_row("A 180-degree turn, please.", 180), None),
+    (_rotate_row("Get it the right way up.", 45, images=2), None),  # which picture it shows is not one
+    (_crop_row("[100, 200, 300, 400]"), None),
+    ({"messages": []}, None),
+])
+def test_turned_angle_is_a_first_rotate_whose_angle_is_left_unstated(row, expected):
+    from canvasagent.training.tiny_warmup import turned_angle
+
+    assert turned_angle(row) == expected
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32), angle=st.sampled_from([45, 90, 180]), then_flip=st.booleans())
+def test_fresh_scene_draws_a_turned_scene_and_writes_the_angle_that_undoes_it(seed, angle, then_flip):
+    from canvascraft.plan import correctable_rotations, correction_angle
+    from canvascraft.sources import ProceduralSource
+    from canvasagent.training.tiny_warmup import fresh_scene, turned_angle
+    from toolserver.validation import Profile
+
+    row = _rotate_row("Get it the right way up.", angle, then_flip)
+    before = dumps(row)
+    out = fresh_scene(row, random.Random(seed))
+    assert dumps(row) == before  # the row itself is not changed
+    # What the scene must be: the build's procedural source, turned (and mirrored before a Flip).
+    wants = frozenset({"rotated", "mirrored"} if then_flip else {"rotated"})
+    scene = ProceduralSource(256, rotations=correctable_rotations(Profile.CANVASCRAFT)).sample(
+        random.Random(seed), frozenset({"text"}), wants)
+    assert scene.meta["rotation"] and scene.meta.get("mirrored", False) == then_flip
+    new = correction_angle(scene.meta["rotation"], Profile.CANVASCRAFT)
+    assert len(out["images"]) == 1 and out["images"][0].tobytes() == scene.image.convert("RGB").tobytes()
+    assert [m["role"] for m in out["messages"]] == ["system", "user", "assistant"]  # the first exchange only
+    assert out["messages"][1] == row["messages"][1]
+    assert turned_angle(out) == new
+    assert out["messages"][2]["content"][0]["text"] == f"<reason>img_1 is turned, so I rotate it by {new} degrees.</reason>"
+
+
+def test_fresh_scene_refuses_a_row_that_is_not_a_turned_picture():
+    from canvasagent.training.tiny_warmup import fresh_scene
+
+    with pytest.raises(ValueError, match="not a Rotate"):
+        fresh_scene(_rotate_row("Rotate it by 90 degrees.", 90), random.Random(0))
+
+
+def test_image_example_keeps_the_picture_and_trains_the_reply_alone(tiny_qwen3vl_dir):
+    from canvasagent.training.tiny_warmup import fresh_scene
+
+    processor = load_processor(str(tiny_qwen3vl_dir))
+    tok = processor.tokenizer
+    row = fresh_scene(_rotate_row("Get it the right way up.", 90), random.Random(1))
+    ids, labels, extra = warmup_example(processor, row, images=True)
+    grid = extra["image_grid_thw"]
+    pads = sum(i == processor.tokenizer.convert_tokens_to_ids("<|image_pad|>") for i in ids)
+    assert grid.shape == (1, 3) and extra["pixel_values"].shape[0] == int(grid.prod())
+    assert pads == int(grid.prod()) // processor.image_processor.merge_size ** 2 > 0
+    text_ids, text_labels = warmup_example(processor, row)  # the same exchange without its picture
+    assert [x for x in labels if x != -100] == [x for x in text_labels if x != -100]
+    assert "SYSTEM" not in tok.decode(ids) and "<|vision_start|>" not in tok.decode(text_ids)
+
+
+def test_angle_share_draws_fresh_scenes_at_its_share(tiny_qwen3vl_dir, tmp_path, monkeypatch):
+    from canvasagent.training import tiny_warmup
+    from toolserver.validation import Profile
+
+    turned = [_rotate_row("Get it the right way up.", a) for a in (45, 90, 180)]
+    stated = [_rotate_row("Rotate it by 90 degrees.", 90)]
+    rows = ROWS + BOXED + turned + stated
+    drawn: list[tuple] = []
+    real = tiny_warmup.train_step
+    processor = load_processor(str(tiny_qwen3vl_dir))
+
+    def spy(model, opt, examples, pad):
+        drawn.extend(examples)
+        return real(model, opt, examples, pad)
+
+    monkeypatch.setattr(tiny_warmup, "train_step", spy)
+    warm_up(tiny_qwen3vl_dir, rows, 40, tmp_path / "w", processor=processor, box_share=0.25, angle_share=0.5)
+    pictures = [e for e in drawn if len(e) == 3]
+    boxes = [e for e in drawn if len(e) == 2 and STATED_BOX.search(processor.tokenizer.decode(e[0]))]
+    assert len(drawn) == 40 * 8
+    assert 0.4 < len(pictures) / len(drawn) < 0.6 and 0.15 < len(boxes) / len(drawn) < 0.35
+    angles = [re.search(r"rotate it by (\d+) degrees", processor.tokenizer.decode(e[0])).group(1) for e in pictures]
+    assert set(angles) == {"45", "90", "180"}
+    assert len({e[2]["pixel_values"].sum().item() for e in pictures}) > 0.9 * len(pictures)  # a new scene each draw
+    # The stated-angle row is drawn as written, without its picture.
+    assert any(len(e) == 2 and "Rotate it by 90 degrees" in processor.tokenizer.decode(e[0]) for e in drawn)
+    marker = json.loads((tmp_path / "w" / WARMUP_MARKER).read_text())
+    assert (marker["angle_share"], marker["profile"], marker["scene_scheme"]) == (0.5, "canvascraft", tiny_warmup.FRESH_SCENE_SCHEME)
+
+    drawn.clear()
+    warm_up(tiny_qwen3vl_dir, rows, 40, tmp_path / "w", processor=processor, box_share=0.25, angle_share=0.5)
+    assert drawn == []  # the same shares and profile: reused
+    warm_up(tiny_qwen3vl_dir, rows, 40, tmp_path / "w", processor=processor, box_share=0.25, angle_share=0.5,
+            profile=Profile.EXACT)
+    assert len(drawn) == 40 * 8  # another profile turns scenes the other way: rebuilt
+
+
+@pytest.mark.parametrize("box, angle, message", [
+    (0.0, 0.25, "no SFT row starts with a Rotate"),
+    (0.6, 0.6, "add up to more than 1"),
+    (0.0, -0.1, r"angle share must be in \[0, 1\]"),
+])
+def test_warmup_refuses_an_angle_share_it_cannot_draw(tiny_qwen3vl_dir, tmp_path, box, angle, message):
+    rows = ROWS + BOXED + ([_rotate_row("Get it the right way up.", 90)] if "Rotate" not in message else [])
+    with pytest.raises(ValueError, match=message):
+        warm_up(tiny_qwen3vl_dir, rows, 2, tmp_path / "w", box_share=box, angle_share=angle)
+    assert not (tmp_path / "w").exists()
+
+
+def test_warmup_refuses_shares_that_leave_nothing_else_to_draw(tiny_qwen3vl_dir, tmp_path):
+    with pytest.raises(ValueError, match="every SFT row is singled out"):
+        warm_up(tiny_qwen3vl_dir, BOXED + [_rotate_row("Get it the right way up.", 90)], 2, tmp_path / "w",
+                box_share=0.25, angle_share=0.25)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model.tiny_warmup_angle_share": 1.5}, r"tiny_warmup_angle_share must be a number in \[0, 1\]"),
+    ({"model.tiny_warmup_angle_share": "0.5"}, r"tiny_warmup_angle_share must be a number in \[0, 1\]"),
+    ({"model.tiny_warmup_angle_share": 0.5, "model.tiny_warmup_steps": 0}, "angle_share needs model.tiny_warmup_steps"),
+    ({"model.tiny_warmup_angle_share": 0.5, "model.tiny_warmup_box_share": 0.6}, "add up to more than 1"),
+])
+def test_config_refuses_bad_angle_shares(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig.load("sft_tiny_cpu", {"model.tiny_warmup_steps": 10, "model.name_or_path": "tiny", **overrides})
