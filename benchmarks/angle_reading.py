@@ -331,11 +331,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {results[-1][0]}: held-out exact {results[-1][1][0]['exact']}/{len(held)}", file=sys.stderr, flush=True)
     for d in args.measure:
         results.append((f"`{d}`", measure(d, [held, rows]), None))
-    text = report(args.run, results, args.seed)
-    print(text)
-    if args.results:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(text + "\n")
+    from markdown_out import emit
+
+    emit(report(args.run, results, args.seed), args.results)
 
 
 if __name__ == "__main__":

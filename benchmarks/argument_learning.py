@@ -294,11 +294,9 @@ def main(argv: list[str] | None = None) -> None:
         learned[f"system, after {args.warm_steps} steps without it"] = learn(
             args.run, "system", args.steps, args.lr, args.seed, args.eval_n, warm=args.warm_steps)
     probed = probe(args.run, args.probe_n, args.checkpoint) if args.probe else None
-    text = report(args.run, learned, probed, args)
-    print(text)
-    if args.results:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(text + "\n")
+    from markdown_out import emit
+
+    emit(report(args.run, learned, probed, args), args.results)
 
 
 if __name__ == "__main__":

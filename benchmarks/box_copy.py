@@ -188,11 +188,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {results[-1][0]}: held-out exact {results[-1][1]['exact']:.3f}", file=sys.stderr, flush=True)
     for d in args.warm:
         results.append((f"`{d}`", *measure(d, [cases, boxed], sft_boxes), None))
-    text = report(args.run, results, len(rows), len(boxed), len(every) - len(cases), args.seed)
-    print(text)
-    if args.results:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(text + "\n")
+    from markdown_out import emit
+
+    emit(report(args.run, results, len(rows), len(boxed), len(every) - len(cases), args.seed), args.results)
 
 
 if __name__ == "__main__":

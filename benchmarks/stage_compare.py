@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from canvasagent.evaluation.metrics import paired_difference  # noqa: E402
 
@@ -79,11 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     a, b = load(args.run_a, args.stage), load(args.run_b, stage_b)
     if len(a["per_task"]) != len(b["per_task"]):
         raise SystemExit(f"{args.stage} has {len(a['per_task'])} tasks in {args.run_a}, {len(b['per_task'])} in {args.run_b}")
-    text = report(args.run_a, args.run_b, args.stage, stage_b, compare(a, b))
-    print(text)
-    if args.results:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(text + "\n")
+    from markdown_out import emit
+
+    emit(report(args.run_a, args.run_b, args.stage, stage_b, compare(a, b)), args.results)
 
 
 if __name__ == "__main__":
