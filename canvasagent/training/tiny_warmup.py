@@ -1,4 +1,4 @@
-"""A text-only warmup of the untrained tiny model before SFT (`model.tiny_warmup_steps`).
+"""A warmup of the untrained tiny model before SFT (`model.tiny_warmup_steps`), text only but for fresh scenes.
 
 Why: a random tiny model learns to copy a call's free arguments out of the instruction within
 about 100 steps when the instruction stands alone, but not in 100 when the ~1,600-token system
@@ -7,7 +7,7 @@ it learns them behind that turn in 50-75 (`benchmarks/argument_learning.py`). A 
 arrives at SFT able to read an instruction; this gives the tiny stand-in that much.
 
 Examples come from the SFT rows themselves (nothing held out is seen): each row's first user
-turn as text (image blocks dropped, the "img_1:" labels kept) and its first assistant turn, both
+turn as text (image blocks dropped, the "img_1:" labels kept; fresh scenes below keep theirs) and its first assistant turn, both
 through the model's own chat template without a system turn, with the loss on the assistant turn
 alone. Training: AdamW at a constant `LEARNING_RATE`, `BATCH` examples a step, gradient norm
 clipped to 1, examples drawn with `seed`.
@@ -303,7 +303,8 @@ def warm_up(
     `out_dir`. `processor`: the base's, where the caller has it loaded (None: loaded here).
     `box_share`: the share of examples drawn from stated-box rows, each with a fresh box;
     `angle_share`: the share drawn from turned-picture rows, each with a fresh scene turned under
-    `profile` (the profile the rows were built under); 0: none singled out. See the module
+    `profile` (that of the toolbox the policy's calls run in, which decides which way a Rotate
+    turns); 0: none singled out. See the module
     docstring for what is trained, reused and refused."""
     import torch
 
