@@ -1,7 +1,7 @@
 """Whether the tiny model can learn to read, from the image, the angle that makes a turned picture upright.
 
     python benchmarks/angle_reading.py RUN [--from DIR] [--variants fresh:600 written:600 warmup:0.25:0.5:3200 ...]
-        [--measure DIR ...] [--keep DIR] [--seed 0] [--results FILE]
+        [--measure DIR ...] [--keep DIR] [--profile canvascraft] [--seed 0] [--results FILE]
 
 RUN is a pipeline run folder (a seed folder of `benchmarks/train_evidence.py`) with its CanvasCraft
 data. The testbed's Rotate tasks whose instruction does not state the angle ("get it the right way
@@ -54,6 +54,8 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from toolserver.validation import Profile  # noqa: E402
+
 ANGLES = (45, 90, 180)
 CALL_ANGLE = re.compile(r'"angle": (\d+)')
 
@@ -105,7 +107,7 @@ def sft_cases(run: Path) -> list[Case]:
         if not call or call["name"] != "Rotate":
             continue
         angle = json.loads(call["arguments"])["angle"] if isinstance(call["arguments"], str) else call["arguments"]["angle"]
-        if stated(angle, r["instruction"]):
+        if stated(angle, r["instruction"]) or sum(b.get("type") == "image" for b in user["content"]) != 1:
             continue
         images = [Image.open(io.BytesIO(b["bytes"])).convert("RGB") if isinstance(b, dict) else b for b in row["images"]]
         out.append((user, images[:1], int(angle), r["chain"], reply))
@@ -122,7 +124,7 @@ def held_out_cases(run: Path) -> list[Case]:
     out: list[Case] = []
     for t in held_out_tasks(run):
         refs = t.meta.get("reference_calls") or []
-        if refs and refs[0]["name"] == "Rotate" and not stated(refs[0]["arguments"]["angle"], t.instruction):
+        if refs and refs[0]["name"] == "Rotate" and len(t.images) == 1 and not stated(refs[0]["arguments"]["angle"], t.instruction):
             out.append(({"role": "user", "content": user_content(t)}, list(t.images)[:1], int(refs[0]["arguments"]["angle"]),
                         t.meta.get("chain", ""), None))
     return out
@@ -163,16 +165,15 @@ def with_angle(reply: dict[str, Any], old: int, new: int) -> dict[str, Any]:
     return {**reply, "content": content, "tool_calls": calls}
 
 
-def fresh_scene(chain: str, rng: random.Random) -> tuple[Any, int]:
+def fresh_scene(chain: str, rng: random.Random, profile: Any) -> tuple[Any, int]:
     """(picture, correcting angle): a procedural scene with a sign, turned by a random rotation
     whose correction is one Rotate call, mirrored too when the chain fixes a mirror."""
-    from canvascraft.plan import correction_angle
+    from canvascraft.plan import correctable_rotations, correction_angle
     from canvascraft.sources import ProceduralSource
-    from toolserver.validation import Profile
 
     wants = frozenset({"rotated", "mirrored"} if "Flip" in chain else {"rotated"})
-    src = ProceduralSource(256).sample(rng, frozenset({"text"}), wants)
-    return src.image.convert("RGB"), correction_angle(int(src.meta["rotation"]), Profile.CANVASCRAFT)
+    src = ProceduralSource(256, rotations=correctable_rotations(profile)).sample(rng, frozenset({"text"}), wants)
+    return src.image.convert("RGB"), correction_angle(int(src.meta["rotation"]), profile)
 
 
 def encode(processor: Any, user: dict[str, Any], images: list[Any], reply: dict[str, Any]) -> dict[str, Any]:
@@ -206,7 +207,7 @@ def batch(examples: list[dict[str, Any]], pad: int) -> dict[str, Any]:
             "image_grid_thw": torch.cat([e["image_grid_thw"] for e in examples])}
 
 
-def train(start: Path, out: Path, rows: list[Case], kind: str, steps: int, seed: int) -> float:
+def train(start: Path, out: Path, rows: list[Case], kind: str, steps: int, seed: int, profile: Any) -> float:
     """Train a copy of `start` into `out`; returns seconds."""
     import torch
 
@@ -225,7 +226,7 @@ def train(start: Path, out: Path, rows: list[Case], kind: str, steps: int, seed:
             for _ in range(BATCH):
                 user, images, angle, chain, reply = rng.choice(rows)
                 if kind == "fresh":
-                    image, new = fresh_scene(chain, rng)
+                    image, new = fresh_scene(chain, rng, profile)
                     images, reply = [image], with_angle(reply, angle, new)
                 examples.append(encode(processor, user, images, reply))
             loss = model(**batch(examples, pad)).loss
@@ -296,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--variants", nargs="*", default=["written:600", "fresh:600"], help="KIND:STEPS trainings to run")
     ap.add_argument("--measure", nargs="*", type=Path, default=[], help="model folders to measure as they are")
     ap.add_argument("--keep", type=Path, help="keep each trained model in a folder under this one")
+    ap.add_argument("--profile", choices=[p.value for p in Profile], default=Profile.CANVASCRAFT.value,
+                    help="the profile of the run's toolbox, which decides which way a Rotate turns (the testbed's: canvascraft)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", type=Path)
     args = ap.parse_args(argv)
@@ -320,12 +323,13 @@ def main(argv: list[str] | None = None) -> None:
                 from canvasagent.training.tiny_warmup import warm_up
 
                 t0 = time.perf_counter()
-                warm_up(base, warmup_rows(args.run), steps, out, seed=args.seed, box_share=box, angle_share=angle)
+                warm_up(base, warmup_rows(args.run), steps, out, seed=args.seed, box_share=box, angle_share=angle,
+                        profile=Profile(args.profile))
                 secs, name = time.perf_counter() - t0, f"warmup from the base, {steps} steps, box share {box:g}, angle share {angle:g}"
             else:
                 if out.exists():
                     shutil.rmtree(out)
-                secs = train(start, out, rows, kind, steps, args.seed)
+                secs = train(start, out, rows, kind, steps, args.seed, Profile(args.profile))
                 name = f"from `{start}`: " + (f"fresh scenes, {steps} steps" if kind == "fresh" else f"rows as written, {steps} steps")
             results.append((name, measure(out, [held, rows]), secs))
             print(f"  {results[-1][0]}: held-out exact {results[-1][1][0]['exact']}/{len(held)}", file=sys.stderr, flush=True)

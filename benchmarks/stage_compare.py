@@ -47,6 +47,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
     for mode, per_task, metrics in MODES:
         if not a.get(per_task) or not b.get(per_task):
             continue
+        if len(a[per_task]) != len(b[per_task]):
+            raise SystemExit(f"{mode}: {len(a[per_task])} tasks against {len(b[per_task])}; the runs were evaluated differently")
         row: dict[str, Any] = {"mode": mode, "n": len(a[per_task])}
         for key in ("hybrid", "success"):
             row[key] = (a[metrics][key], b[metrics][key], paired_difference(a[per_task], b[per_task], key))
@@ -78,8 +80,6 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{args.run_a} and {args.run_b} were evaluated on different held-out tasks")
     stage_b = args.stage_b or args.stage
     a, b = load(args.run_a, args.stage), load(args.run_b, stage_b)
-    if len(a["per_task"]) != len(b["per_task"]):
-        raise SystemExit(f"{args.stage} has {len(a['per_task'])} tasks in {args.run_a}, {len(b['per_task'])} in {args.run_b}")
     from markdown_out import emit
 
     emit(report(args.run_a, args.run_b, args.stage, stage_b, compare(a, b)), args.results)

@@ -126,10 +126,16 @@ def _text(content: Any) -> str:
     return content if isinstance(content, str) else " ".join(p.get("text") or "" for p in content or [] if p.get("type") == "text")
 
 
+def _whole(number: int) -> re.Pattern:
+    """`number` written as a whole number: not inside 190, 0.90, 90.5 or -90."""
+    return re.compile(rf"(?<![\w.\-]){number}(?!\w|\.\d)")
+
+
 def turned_angle(row: dict[str, Any]) -> int | None:
     """The angle of the row's first call when that call is a Rotate of the one image of the first
-    user turn and the turn does not write the angle as a whole number (so the picture must show
-    it); None otherwise."""
+    user turn, the turn does not write the angle as a whole number (so the picture must show it)
+    and the reply's text writes it at most once (so `fresh_scene` knows what to rewrite); None
+    otherwise."""
     ex = _first_exchange(row)
     if ex is None:
         return None
@@ -143,7 +149,7 @@ def turned_angle(row: dict[str, Any]) -> int | None:
     angle = (json.loads(args) if isinstance(args, str) else args).get("angle")
     if isinstance(angle, bool) or not isinstance(angle, int):
         return None
-    if re.search(rf"(?<![\w.\-]){angle}(?!\w|\.\d)", _text(user["content"])):
+    if _whole(angle).search(_text(user["content"])) or len(_whole(angle).findall(_text(reply.get("content")))) > 1:
         return None
     return angle
 
@@ -152,7 +158,7 @@ def fresh_scene(row: dict[str, Any], rng: random.Random, profile: Profile = Prof
     """The first exchange of `row` (its messages up to the first reply, `images` its one picture)
     with the picture replaced by a procedural scene drawn with `rng` (a sign, turned by a rotation
     that one Rotate call undoes under `profile`, mirrored when a later call of the row is a Flip,
-    the size of the row's picture) and the reply's angle, wherever its text or first call writes
+    the width of the row's first picture, 256 where that is not a loaded image) and the reply's angle, wherever its text or first call writes
     it, by the angle that undoes the new turn. `row` itself is not changed. Refuses a row for which
     `turned_angle` is None."""
     from canvascraft.plan import correction_angle, correctable_rotations
@@ -170,7 +176,7 @@ def fresh_scene(row: dict[str, Any], rng: random.Random, profile: Profile = Prof
     scene = ProceduralSource(size, rotations=correctable_rotations(profile)).sample(
         rng, frozenset({"text"}), frozenset({"rotated", "mirrored"} if mirrored else {"rotated"}))
     new = correction_angle(int(scene.meta["rotation"]), profile)
-    number = re.compile(rf"(?<!\d){old}(?!\d)")
+    number = _whole(old)
     content = msgs[reply].get("content")
     content = number.sub(str(new), content) if isinstance(content, str) else [
         {**p, "text": number.sub(str(new), p["text"])} if p.get("type") == "text" and p.get("text") else p for p in content or []]
@@ -333,7 +339,7 @@ def warm_up(
         raise ValueError(f"tiny warmup box share {box_share}: none of the {len(rows)} SFT rows states a box in its first user turn")
     if angle_share and not turned:
         raise ValueError(f"tiny warmup angle share {angle_share}: no SFT row starts with a Rotate of its picture by an "
-                         "angle its instruction leaves unstated")
+                         "angle its instruction leaves unstated (a row that states a box counts as a box row)")
     if box_share + angle_share < 1.0 and not others:
         raise ValueError(f"tiny warmup shares {box_share} + {angle_share}: every SFT row is singled out, so there is nothing else to draw")
     marker = {"steps": steps, "seed": seed, "batch": BATCH, "learning_rate": LEARNING_RATE, **_digest(base, examples)}

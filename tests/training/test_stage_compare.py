@@ -64,3 +64,10 @@ def test_refuses_other_tasks_and_missing_stages(tmp_path):
     c = _run(tmp_path / "c", "eval_sft", [(0.5, False)] * 3, None)
     with pytest.raises(SystemExit, match="no finished eval_grpo"):
         stage_compare.main([str(a), str(c), "--stage", "eval_grpo"])
+
+
+def test_refuses_modes_with_other_task_counts(tmp_path):
+    a = _run(tmp_path / "a", "eval_sft", [(0.5, False)] * 3, [(0.5, False)] * 3)
+    b = _run(tmp_path / "b", "eval_sft", [(0.5, False)] * 3, [(0.5, False)] * 2)
+    with pytest.raises(SystemExit, match="sampled: 3 tasks against 2"):
+        stage_compare.main([str(a), str(b)])

@@ -275,7 +275,7 @@ def test_config_refuses_bad_box_shares(share, steps, message):
 
 # --- fresh scenes (model.tiny_warmup_angle_share) ---
 
-def _rotate_row(instruction: str, angle: int, then_flip: bool = False, images: int = 1) -> dict:
+def _rotate_row(instruction: str, angle: int, then_flip: bool = False, images: int = 1, reason: str | None = None) -> dict:
     from PIL import Image
 
     user = [{"type": "text", "text": "img_1:"}, {"type": "image"}]
@@ -284,7 +284,7 @@ def _rotate_row(instruction: str, angle: int, then_flip: bool = False, images: i
     msgs = [
         {"role": "system", "content": [{"type": "text", "text": "SYSTEM TURN"}]},
         {"role": "user", "content": [*user, {"type": "text", "text": instruction}]},
-        {"role": "assistant", "content": [{"type": "text", "text": f"<reason>img_1 is turned, so I rotate it by {angle} degrees.</reason>"}],
+        {"role": "assistant", "content": [{"type": "text", "text": reason or f"<reason>img_1 is turned, so I rotate it by {angle} degrees.</reason>"}],
          "tool_calls": [{"type": "function", "function": {"name": "Rotate", "arguments": json.dumps({"image": "img_1", "angle": angle})}}]},
         {"role": "tool", "content": [{"type": "image"}, {"type": "text", "text": "[Output image saved as: Rotate_0.]"}]},
     ]
@@ -300,6 +300,8 @@ def _rotate_row(instruction: str, angle: int, then_flip: bool = False, images: i
     (_rotate_row("Rotate the image by 90 degrees.", 90), None),
     (_rotate_row("A 180-degree turn, please.", 180), None),
     (_rotate_row("Get it the right way up.", 45, images=2), None),  # which picture it shows is not one
+    (_rotate_row("Get it the right way up.", 90, reason="<reason>Turned 90 degrees, so 90 it is.</reason>"), None),  # which to rewrite?
+    (_rotate_row("Get it the right way up.", 90, reason="<reason>Score 0.90: I rotate it by 90.</reason>"), 90),
     (_crop_row("[100, 200, 300, 400]"), None),
     ({"messages": []}, None),
 ])
@@ -332,6 +334,16 @@ def test_fresh_scene_draws_a_turned_scene_and_writes_the_angle_that_undoes_it(se
     assert out["messages"][1] == row["messages"][1]
     assert turned_angle(out) == new
     assert out["messages"][2]["content"][0]["text"] == f"<reason>img_1 is turned, so I rotate it by {new} degrees.</reason>"
+
+
+def test_fresh_scene_rewrites_the_angle_as_a_whole_number_only():
+    from canvasagent.training.tiny_warmup import fresh_scene, turned_angle
+
+    row = _rotate_row("Get it the right way up.", 90, reason="<reason>Score 0.90, -90 and 190 stay: I rotate it by 90.</reason>")
+    for seed in range(20):
+        out = fresh_scene(row, random.Random(seed))
+        new = turned_angle(out)
+        assert out["messages"][2]["content"][0]["text"] == f"<reason>Score 0.90, -90 and 190 stay: I rotate it by {new}.</reason>"
 
 
 def test_fresh_scene_refuses_a_row_that_is_not_a_turned_picture():
