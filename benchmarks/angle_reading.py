@@ -13,9 +13,10 @@ sees a right angle only by luck. This asks whether the tiny model can learn it a
   warmup's model) for STEPS steps of 8 examples on the SFT rows whose first call is such a Rotate:
   the first user turn with its image, no system turn, and the loss on the first assistant turn,
   AdamW at the text warmup's rate. `written`: the rows as they are (their own pictures and
-  angles). `fresh`: each example's picture replaced by a scene drawn afresh (the build's own
-  procedural source, turned by a random 45/90/180 and mirrored where the row's chain fixes a
-  mirror), and the angle in its reply (reason and call) by the one that undoes that turn.
+  angles). `fresh`: each example's picture replaced by a scene drawn afresh and its angle by the
+  one that undoes that scene's turn (`tiny_warmup.fresh_scene`, under `--profile`), as the
+  warmup's angle share draws them. Examples and steps are the warmup's own (`warmup_example`
+  with the picture, `train_step`).
 * Each variant `warmup:BOX:ANGLE:STEPS` runs the real warmup
   (`canvasagent.training.tiny_warmup.warm_up`, box share BOX, angle share ANGLE, STEPS steps, seed
   `--seed`) from the run's untrained base `RUN/sft/tiny_base` on all of the run's SFT rows: what
@@ -37,8 +38,6 @@ Prints a markdown report and writes it to `--results`.
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import logging
 import os
 import random
@@ -59,7 +58,7 @@ from toolserver.validation import Profile  # noqa: E402
 ANGLES = (45, 90, 180)
 CALL_ANGLE = re.compile(r'"angle": (\d+)')
 
-Case = tuple[dict[str, Any], list[Any], int, str, dict[str, Any] | None]  # (user message, images, reference angle, chain, reply)
+Case = tuple[dict[str, Any], list[Any], int, dict[str, Any] | None]  # (user message, images, reference angle, SFT row)
 
 
 def variant(text: str) -> tuple[str, int, float, float]:
@@ -80,38 +79,15 @@ def variant(text: str) -> tuple[str, int, float, float]:
     return out
 
 
-def _first_call(message: dict[str, Any]) -> dict[str, Any] | None:
-    from canvasagent.training.messages import decoded_tool_calls
-
-    calls = decoded_tool_calls(message)
-    return calls[0]["function"] if calls else None
-
-
 def sft_cases(run: Path) -> list[Case]:
-    """The run's SFT rows whose first call is a Rotate with an angle their instruction does not state."""
-    from canvascraft.build import shard_files
-    from canvascraft.formats import read_rows, trajectory_of
-    from chain_behaviour import stated
-    from PIL import Image
+    """The run's SFT rows whose first call is a Rotate of their picture by an angle left unstated
+    (`tiny_warmup.turned_angle`)."""
+    from box_copy import sft_rows
 
-    from canvasagent.training.messages import sft_example
+    from canvasagent.training.tiny_warmup import turned_angle
 
-    files = shard_files(run / "data" / "canvascraft" / "sft", "sft")
-    if not files:
-        raise SystemExit(f"{run}: no SFT shards under data/canvascraft/sft")
-    out: list[Case] = []
-    for r in read_rows(files):
-        row = sft_example(trajectory_of(r), "")
-        user, reply = row["messages"][1], row["messages"][2]
-        call = _first_call(reply)
-        if not call or call["name"] != "Rotate":
-            continue
-        angle = json.loads(call["arguments"])["angle"] if isinstance(call["arguments"], str) else call["arguments"]["angle"]
-        if stated(angle, r["instruction"]) or sum(b.get("type") == "image" for b in user["content"]) != 1:
-            continue
-        images = [Image.open(io.BytesIO(b["bytes"])).convert("RGB") if isinstance(b, dict) else b for b in row["images"]]
-        out.append((user, images[:1], int(angle), r["chain"], reply))
-    return out
+    return [(row["messages"][1], list(row["images"])[:1], angle, row) for row in sft_rows(run)
+            if (angle := turned_angle(row)) is not None]
 
 
 def held_out_cases(run: Path) -> list[Case]:
@@ -126,7 +102,7 @@ def held_out_cases(run: Path) -> list[Case]:
         refs = t.meta.get("reference_calls") or []
         if refs and refs[0]["name"] == "Rotate" and len(t.images) == 1 and not stated(refs[0]["arguments"]["angle"], t.instruction):
             out.append(({"role": "user", "content": user_content(t)}, list(t.images)[:1], int(refs[0]["arguments"]["angle"]),
-                        t.meta.get("chain", ""), None))
+                        None))
     return out
 
 
@@ -135,107 +111,30 @@ def prompt(processor: Any, user: dict[str, Any]) -> str:
     return processor.apply_chat_template([msg], add_generation_prompt=True, tokenize=False)
 
 
-def reply_text(processor: Any, user: dict[str, Any], reply: dict[str, Any]) -> str:
-    """The full text of the first exchange, through the chat template, with the reply's tool calls."""
-    from canvasagent.training.messages import decoded_tool_calls
-
-    msg = {"role": "user", "content": [p if p.get("type") != "image" else {"type": "image"} for p in user["content"]]}
-    out = {"role": "assistant", "content": reply["content"]}
-    if calls := decoded_tool_calls(reply):
-        out["tool_calls"] = calls
-    return processor.apply_chat_template([msg, out], tokenize=False)
-
-
-def with_angle(reply: dict[str, Any], old: int, new: int) -> dict[str, Any]:
-    """`reply` with the angle `old` written as `new` in its text and its first call's arguments."""
-    number = re.compile(rf"(?<!\d){old}(?!\d)")
-    content = reply["content"]
-    if isinstance(content, str):
-        content = number.sub(str(new), content)
-    else:
-        content = [{**p, "text": number.sub(str(new), p["text"])} if p.get("type") == "text" else p for p in content]
-    calls = []
-    for i, c in enumerate(reply.get("tool_calls") or []):
-        f = dict(c["function"])
-        if i == 0:
-            args = json.loads(f["arguments"]) if isinstance(f["arguments"], str) else dict(f["arguments"])
-            args["angle"] = new
-            f["arguments"] = json.dumps(args) if isinstance(c["function"]["arguments"], str) else args
-        calls.append({**c, "function": f})
-    return {**reply, "content": content, "tool_calls": calls}
-
-
-def fresh_scene(chain: str, rng: random.Random, profile: Any) -> tuple[Any, int]:
-    """(picture, correcting angle): a procedural scene with a sign, turned by a random rotation
-    whose correction is one Rotate call, mirrored too when the chain fixes a mirror."""
-    from canvascraft.plan import correctable_rotations, correction_angle
-    from canvascraft.sources import ProceduralSource
-
-    wants = frozenset({"rotated", "mirrored"} if "Flip" in chain else {"rotated"})
-    src = ProceduralSource(256, rotations=correctable_rotations(profile)).sample(rng, frozenset({"text"}), wants)
-    return src.image.convert("RGB"), correction_angle(int(src.meta["rotation"]), profile)
-
-
-def encode(processor: Any, user: dict[str, Any], images: list[Any], reply: dict[str, Any]) -> dict[str, Any]:
-    """Model inputs of one example with labels on the reply alone."""
-    head = prompt(processor, user)
-    full = reply_text(processor, user, reply)
-    if not full.startswith(head):
-        raise ValueError("the chat template renders the reply into the prompt")
-    enc = processor(text=[full], images=images, return_tensors="pt")
-    n_head = processor(text=[head], images=images, return_tensors="pt")["input_ids"].shape[1]
-    labels = enc["input_ids"].clone()
-    labels[:, :n_head] = -100
-    return {**enc, "labels": labels}
-
-
-def batch(examples: list[dict[str, Any]], pad: int) -> dict[str, Any]:
-    import torch
-
-    n = max(e["input_ids"].shape[1] for e in examples)
-    ids = torch.full((len(examples), n), pad)
-    labels = torch.full((len(examples), n), -100)
-    mask = torch.zeros((len(examples), n), dtype=torch.long)
-    types = torch.zeros((len(examples), n), dtype=torch.long)
-    for i, e in enumerate(examples):
-        k = e["input_ids"].shape[1]
-        ids[i, :k], labels[i, :k], mask[i, :k] = e["input_ids"][0], e["labels"][0], 1
-        if "mm_token_type_ids" in e:
-            types[i, :k] = e["mm_token_type_ids"][0]
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels, "mm_token_type_ids": types,
-            "pixel_values": torch.cat([e["pixel_values"] for e in examples]),
-            "image_grid_thw": torch.cat([e["image_grid_thw"] for e in examples])}
-
-
 def train(start: Path, out: Path, rows: list[Case], kind: str, steps: int, seed: int, profile: Any) -> float:
-    """Train a copy of `start` into `out`; returns seconds."""
+    """Train a copy of `start` into `out` on `rows` (`fresh`: each with a scene drawn afresh,
+    `tiny_warmup.fresh_scene`), through the warmup's own examples and step; returns seconds."""
     import torch
 
     from canvasagent.core.models.loading import load_policy, load_processor
-    from canvasagent.training.tiny_warmup import BATCH, LEARNING_RATE
+    from canvasagent.training.tiny_warmup import BATCH, LEARNING_RATE, fresh_scene, train_step, warmup_example
 
     processor, model = load_processor(str(start)), load_policy(str(start))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     rng, pad = random.Random(seed), processor.tokenizer.pad_token_id or 0
+
+    def draw() -> tuple:
+        row = rng.choice(rows)[3]
+        return warmup_example(processor, fresh_scene(row, rng, profile) if kind == "fresh" else row, images=True)
+
     t0, every = time.perf_counter(), max(1, steps // 5)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for step in range(1, steps + 1):
-            examples = []
-            for _ in range(BATCH):
-                user, images, angle, chain, reply = rng.choice(rows)
-                if kind == "fresh":
-                    image, new = fresh_scene(chain, rng, profile)
-                    images, reply = [image], with_angle(reply, angle, new)
-                examples.append(encode(processor, user, images, reply))
-            loss = model(**batch(examples, pad)).loss
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            loss = train_step(model, opt, [draw() for _ in range(BATCH)], pad)
             if step % every == 0 or step == steps:
-                logging.info("angle reading %s: step %d/%d, loss %.3f (%.0f s)", kind, step, steps, loss.item(), time.perf_counter() - t0)
+                logging.info("angle reading %s: step %d/%d, loss %.3f (%.0f s)", kind, step, steps, loss, time.perf_counter() - t0)
     out.mkdir(parents=True)
     for f in start.iterdir():
         if f.is_file() and f.suffix != ".safetensors":
@@ -257,7 +156,7 @@ def measure(model_dir: Path, sets: list[list[Case]]) -> list[dict[str, Any]]:
     def columns(cases: list[Case]) -> dict[str, Any]:
         written: dict[int, Counter] = {a: Counter() for a in ANGLES}
         exact = 0
-        for user, images, want, _, _ in cases:
+        for user, images, want, _ in cases:
             enc = processor(text=[prompt(processor, user)], images=images, return_tensors="pt")
             out = model.generate(**enc, max_new_tokens=64, do_sample=False)
             m = CALL_ANGLE.search(tok.decode(out[0, enc["input_ids"].shape[1]:]))
