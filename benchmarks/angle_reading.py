@@ -114,32 +114,19 @@ def prompt(processor: Any, user: dict[str, Any]) -> str:
 def train(start: Path, out: Path, rows: list[Case], kind: str, steps: int, seed: int, profile: Any) -> float:
     """Train a copy of `start` into `out` on `rows` (`fresh`: each with a scene drawn afresh,
     `tiny_warmup.fresh_scene`), through the warmup's own examples and step; returns seconds."""
-    import torch
-
     from canvasagent.core.models.loading import load_policy, load_processor
-    from canvasagent.training.tiny_warmup import BATCH, LEARNING_RATE, fresh_scene, train_step, warmup_example
+    from canvasagent.training.tiny_warmup import fresh_scene, save_beside, train_on_draws, warmup_example
 
     processor, model = load_processor(str(start)), load_policy(str(start))
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     rng, pad = random.Random(seed), processor.tokenizer.pad_token_id or 0
 
     def draw() -> tuple:
         row = rng.choice(rows)[3]
         return warmup_example(processor, fresh_scene(row, rng, profile) if kind == "fresh" else row, images=True)
 
-    t0, every = time.perf_counter(), max(1, steps // 5)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for step in range(1, steps + 1):
-            loss = train_step(model, opt, [draw() for _ in range(BATCH)], pad)
-            if step % every == 0 or step == steps:
-                logging.info("angle reading %s: step %d/%d, loss %.3f (%.0f s)", kind, step, steps, loss, time.perf_counter() - t0)
-    out.mkdir(parents=True)
-    for f in start.iterdir():
-        if f.is_file() and f.suffix != ".safetensors":
-            shutil.copy2(f, out / f.name)
-    model.save_pretrained(out)
+    t0 = time.perf_counter()
+    train_on_draws(model, draw, steps, seed, pad, f"angle reading {kind}")
+    save_beside(model, start, out)
     return time.perf_counter() - t0
 
 

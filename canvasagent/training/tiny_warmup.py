@@ -294,6 +294,33 @@ def train_step(model: Any, opt: Any, examples: list[tuple], pad: int) -> float:
     return loss.item()
 
 
+def train_on_draws(model: Any, draw: Any, steps: int, seed: int, pad: int, label: str) -> None:
+    """`steps` steps of `train_step` on `BATCH` examples from `draw()` each, AdamW at
+    `LEARNING_RATE`, torch seeded with `seed` (the caller's random state left as it was); logs the
+    loss under `label` five times."""
+    import torch
+
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
+    t0, every = time.perf_counter(), max(1, steps // 5)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for step in range(1, steps + 1):
+            loss = train_step(model, opt, [draw() for _ in range(BATCH)], pad)
+            if step % every == 0 or step == steps:
+                log.info("%s: step %d/%d, loss %.3f (%.0f s)", label, step, steps, loss, time.perf_counter() - t0)
+
+
+def save_beside(model: Any, base: Path, out: Path) -> None:
+    """Write `model` to the new folder `out` with the processor's files of `base` as the builder
+    wrote them (the processor's own save would rename classes), then the weights and config."""
+    out.mkdir(parents=True)
+    for f in base.iterdir():
+        if f.is_file() and f.suffix != ".safetensors":
+            shutil.copy2(f, out / f.name)
+    model.save_pretrained(out)
+
+
 def warm_up(
     base_dir: str | Path,
     rows: list[dict[str, Any]],
@@ -312,8 +339,6 @@ def warm_up(
     `profile` (that of the toolbox the policy's calls run in, which decides which way a Rotate
     turns); 0: none singled out. See the module
     docstring for what is trained, reused and refused."""
-    import torch
-
     from canvasagent.core.models.loading import load_policy, load_processor
 
     if steps < 0:
@@ -354,8 +379,6 @@ def warm_up(
     if out.exists():
         shutil.rmtree(out)
     model = load_policy(str(base))
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     rng, pad = random.Random(seed), processor.tokenizer.pad_token_id or 0
 
     def draw() -> tuple:
@@ -368,20 +391,9 @@ def warm_up(
             return warmup_example(processor, fresh_scene(rng.choice(turned), rng, profile), images=True)
         return rng.choice(others)
 
-    t0, every = time.perf_counter(), max(1, steps // 5)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for step in range(1, steps + 1):
-            loss = train_step(model, opt, [draw() for _ in range(BATCH)], pad)
-            if step % every == 0 or step == steps:
-                log.info("tiny warmup: step %d/%d, loss %.3f (%.0f s)", step, steps, loss, time.perf_counter() - t0)
-    # The processor's files as the builder wrote them (its own save would rename classes), then
-    # the weights and their config.
-    out.mkdir(parents=True)
-    for f in base.iterdir():
-        if f.is_file() and f.suffix != ".safetensors":
-            shutil.copy2(f, out / f.name)
-    model.save_pretrained(out)
+    t0 = time.perf_counter()
+    train_on_draws(model, draw, steps, seed, pad, "tiny warmup")
+    save_beside(model, base, out)
     (out / WARMUP_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
     log.info("tiny warmup: %d steps on %d examples in %.0f s -> %s", steps, len(examples), time.perf_counter() - t0, out)
     return out
