@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,18 +130,49 @@ class ToolCollapse:
         return True
 
 
+def keep_logs_through(path: Path, step: int) -> int:
+    """Rewrite the metrics log at `path` (if any) with only its records of steps <= `step`, in order;
+    a line that is not a JSON object with an integer step (the half-written last line of a killed
+    run) goes too. Returns how many lines were dropped. The steps after a resumed run's checkpoint
+    are trained again, so their first logs describe updates the run no longer holds."""
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines()
+    kept = [line for line in lines if _logged_step(line) is not None and _logged_step(line) <= step]
+    if len(kept) < len(lines):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+        log.info("%s: dropped %d logged lines after step %d (the resumed run redoes them)", path, len(lines) - len(kept), step)
+    return len(lines) - len(kept)
+
+
+def _logged_step(line: str) -> int | None:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    step = rec.get("step") if isinstance(rec, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 class RewardCurves(TrainerCallback):
     """Appends every log to `metrics.jsonl` and redraws `curves.png` at each save and at the end.
 
     The curve comes from `state.log_history`, which checkpoints carry, so a resumed run's picture
     includes the earlier steps. A log that completes a tool collapse (the `collapse` rule) carries
-    `tool_collapse: 1` in metrics.jsonl.
+    `tool_collapse: 1` in metrics.jsonl. At the start of a run, metrics.jsonl keeps only the logs of
+    the steps its checkpoint holds (`keep_logs_through`): a resumed run redoes the later ones.
     """
 
     def __init__(self, out_dir: Path, title: str = "", collapse: ToolCollapse | None = None):
         self.out_dir = Path(out_dir)
         self.title = title
         self.collapse = collapse or ToolCollapse()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            keep_logs_through(self.out_dir / "metrics.jsonl", state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and state.is_world_process_zero:

@@ -10,6 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from canvasagent.training import grpo as grpo_mod
 from canvasagent.training.callbacks import (
@@ -19,6 +21,7 @@ from canvasagent.training.callbacks import (
     TrajectoryDumper,
     curve_panels,
     ema,
+    keep_logs_through,
 )
 from canvasagent.training.config import TrainConfig
 from canvasagent.training.rewarding import TRLRewards, rollout_diagnostics
@@ -194,6 +197,24 @@ def test_tool_collapse_warns_once_per_streak(tmp_path, caplog):
     rule = ToolCollapse(share=0.5, steps=2)
     assert [rule.update({"rewards/no_tool/mean": v} if v is not None else {}, i) for i, v in
             enumerate([0.6, None, 0.7, 0.1, 0.6, 0.6])] == [False, False, True, False, False, True]
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.integers(0, 30), max_size=25), resume_at=st.integers(0, 30), torn=st.booleans())
+def test_a_resumed_run_keeps_the_logs_its_checkpoint_holds(tmp_path_factory, steps, resume_at, torn):
+    """keep_logs_through drops the logs of steps after the checkpoint (and a half-written last
+    line), keeps the others byte for byte in order, and leaves a file it has nothing to drop alone."""
+    path = tmp_path_factory.mktemp("logs") / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "reward": s / 10}) for s in steps] + (['{"step": 3, "rew'] if torn else [])
+    path.write_text("".join(x + "\n" for x in lines))
+    before = path.stat().st_mtime_ns
+    dropped = keep_logs_through(path, resume_at)
+    kept = [x for x, s in zip(lines, steps) if s <= resume_at]
+    assert path.read_text().splitlines() == kept
+    assert dropped == len(lines) - len(kept)
+    if not dropped:
+        assert path.stat().st_mtime_ns == before
+    assert keep_logs_through(tmp_path_factory.mktemp("none") / "metrics.jsonl", resume_at) == 0
 
 
 def test_grpo_reward_is_the_evaluation_score_of_the_same_trajectory(run):

@@ -111,8 +111,8 @@ _KILLER = textwrap.dedent(
     from canvasagent.training.config import TrainConfig
 
     class Kill(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step == 3:  # after checkpoint-2 was saved, before checkpoint-4
+        def on_log(self, args, state, control, **kw):
+            if state.global_step == 3:  # step 3 logged, after checkpoint-2 was saved, before checkpoint-4
                 os.kill(os.getpid(), signal.SIGKILL)
 
     cfg = TrainConfig.load("sft_tiny_cpu", __import__("json").loads(sys.argv[1]))
@@ -134,6 +134,8 @@ def test_killed_run_resumes_without_loss(sft_run, tiny_qwen3vl_dir, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert (out / "checkpoint-2").is_dir() and not (out / "checkpoint-4").exists()
+    killed_log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in killed_log if "loss" in r] == [1, 2, 3]  # step 3: trained again after the resume
 
     resumed = run(_cfg(out, tiny_qwen3vl_dir, **{"run.resume": True}))
     assert resumed["global_step"] == 4
@@ -143,6 +145,10 @@ def test_killed_run_resumes_without_loss(sft_run, tiny_qwen3vl_dir, tmp_path):
     got_losses = [h["loss"] for h in resumed["log_history"] if "loss" in h]
     assert [h["step"] for h in resumed["log_history"] if "loss" in h] == [1, 2, 3, 4]
     assert got_losses == pytest.approx(ref_losses, rel=1e-4)
+    # metrics.jsonl as the uninterrupted run's: the abandoned step-3 log is gone, not listed twice.
+    got_log = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in got_log if "loss" in r] == [1, 2, 3, 4]
+    assert [r["loss"] for r in got_log if "loss" in r] == pytest.approx(ref_losses, rel=1e-4)
     a = load_file(str(Path(ref["final"]) / "model.safetensors"))
     b = load_file(str(out / "final" / "model.safetensors"))
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
