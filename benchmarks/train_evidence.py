@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 for _k, _v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TRL_EXPERIMENTAL_SILENCE", "1")):
@@ -61,14 +62,30 @@ def family(task: dict) -> str:
     return "one call" if len(task.get("meta", {}).get("reference_calls") or task["expected_tools"]) == 1 else "chain"
 
 
-def _by_chain(tasks: list[dict], res: dict) -> dict[str, dict[str, float]]:
+def chain_key(meta: dict, expected_tools: list[str]) -> str:
+    """A task's row in the per-chain table: its chain (else its expected tools) and tone."""
+    return f"{meta.get('chain') or '+'.join(expected_tools)} ({meta.get('tone', '-')})"
+
+
+def grpo_pool(run: Path) -> Counter[str] | None:
+    """How many of the run's GRPO training tasks each chain has (`chain_key`), read from its
+    CanvasCraft build; None when the run trained GRPO on no build (made tasks only)."""
+    from canvasagent.evaluation.tasks_io import load_tasks
+
+    path = run / "data" / "canvascraft" / "rl"
+    if not path.is_dir():
+        return None
+    return Counter(chain_key(t.meta, t.expected_tools) for t in load_tasks(path, split="train"))
+
+
+def _by_chain(tasks: list[dict], res: dict, pool: Counter[str] | None = None) -> dict[str, dict[str, float]]:
     """Greedy and sampled hybrid reward and success after SFT and after GRPO, per held-out chain
-    (tone: explicit or implicit instruction); sums and counts, so seeds pool."""
+    (tone: explicit or implicit instruction), and the chain's GRPO training tasks (`pool`, under
+    `grpo_tasks`; absent without one); sums and counts, so seeds pool."""
     out: dict[str, dict[str, float]] = {}
     for i, t in enumerate(tasks):
-        meta = t.get("meta", {})
-        key = f"{meta.get('chain') or '+'.join(t['expected_tools'])} ({meta.get('tone', '-')})"
-        acc = out.setdefault(key, {"n": 0})
+        key = chain_key(t.get("meta", {}), t["expected_tools"])
+        acc = out.setdefault(key, {"n": 0, **({"grpo_tasks": pool.get(key, 0)} if pool is not None else {})})
         acc["n"] += 1
         for mode, tkey in (("greedy", "per_task"), ("sampled", "per_task_sampled")):
             for stage in ("eval_sft", "eval_grpo"):
@@ -120,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                     fb, fa = by_family.setdefault((fam, mode, key), ([], []))
                     fb.append(b)
                     fa.append(a)
-        row["by_chain"] = _by_chain(tasks, res)
+        row["by_chain"] = _by_chain(tasks, res, grpo_pool(out / f"seed_{seed}"))
         rows.append(row)
     pooled_stats = {k: pooled_paired(ids, sft, grpo, pkey) for k, (pkey, ids, sft, grpo) in pooled.items()}
     family_stats = {f"{fam} {mode} {key}": {**paired_difference(b, a, PAIRED[key]),
@@ -159,13 +176,13 @@ def main(argv: list[str] | None = None) -> int:
             tot = chains.setdefault(key, {})
             for k, v in acc.items():
                 tot[k] = tot.get(k, 0.0) + v
-    chain_lines = ["| chain (tone) | tasks x seeds | greedy reward SFT -> GRPO | greedy success SFT -> GRPO | "
-                   "sampled reward SFT -> GRPO | sampled success SFT -> GRPO |", "|---|---|---|---|---|---|"]
+    chain_lines = ["| chain (tone) | tasks x seeds | GRPO training tasks x seeds | greedy reward SFT -> GRPO | greedy success SFT -> GRPO | "
+                   "sampled reward SFT -> GRPO | sampled success SFT -> GRPO |", "|---|---|---|---|---|---|---|"]
     for key, t in sorted(chains.items()):
         n = t["n"]
         cell = lambda mode, k: f"{t.get(f'{mode}_eval_sft_{k}', 0) / n:.3f} -> {t.get(f'{mode}_eval_grpo_{k}', 0) / n:.3f}"
-        chain_lines.append(f"| {key} | {int(n)} | {cell('greedy', 'hybrid')} | {cell('greedy', 'success')} | "
-                           f"{cell('sampled', 'hybrid')} | {cell('sampled', 'success')} |")
+        chain_lines.append(f"| {key} | {int(n)} | {int(t['grpo_tasks']) if 'grpo_tasks' in t else '-'} | {cell('greedy', 'hybrid')} | "
+                           f"{cell('greedy', 'success')} | {cell('sampled', 'hybrid')} | {cell('sampled', 'success')} |")
 
     fam_lines = ["| task family | mode | tasks x seeds | reward SFT -> GRPO | paired (±se) | success SFT -> GRPO | paired (±se) |",
                  "|---|---|---|---|---|---|---|"]
@@ -198,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "them passed every check):", "", *table("sampled"), "", pass_rate_line(), "",
         "Per task family (one call: the reference solution is a single call, so success hangs on its parameters; "
         "chain: two or more calls), pooled over the seeds, paired per task:", "", *fam_lines, "",
-        "Per held-out chain, pooled over the seeds:", "", *chain_lines, "",
+        "Per held-out chain, pooled over the seeds (GRPO training tasks: how many of the GRPO runs' training tasks "
+        "are of that chain and tone; \"-\": GRPO trained on made tasks):", "", *chain_lines, "",
         "How the held-out chains end (share of episodes, pooled over the seeds; benchmarks/chain_behaviour.py):", "",
         *ending_table(seed_runs), "",
         "Parameter precision (per non-asset argument of the reference calls, the share of the episodes that ran "

@@ -38,3 +38,36 @@ def test_distinct_tasks_keep_the_per_pair_standard_error(evidence):
     assert p["tasks"] == 6 and p["se_tasks"] == pytest.approx(p["se_pairs"]) and p["se"] == pytest.approx(p["se_pairs"])
     with pytest.raises(ValueError):
         evidence.pooled_paired(ids[:5], _scores([0.0] * 6), _scores([0.0] * 6), "hybrid")
+
+
+@pytest.fixture(scope="module")
+def built_run(tmp_path_factory):
+    """The data stage of a CanvasCraft-only pipeline: 4 GRPO training tasks, 2 held out."""
+    from canvasagent.pipeline import Pipeline, PipelineConfig
+
+    out = tmp_path_factory.mktemp("evidence") / "seed_0"
+    cfg = PipelineConfig.load("default", out=str(out), data="canvascraft", cc_sft_n=2, cc_rl_n=4, cc_eval_n=2,
+                              cc_mix={"single": 0, "hard": 0, "Flip": 1, "Rotate": 1})
+    Pipeline(cfg).run(only=["data"], isolate=False)
+    return out
+
+
+def test_the_per_chain_table_counts_each_chains_grpo_training_tasks(evidence, built_run, tmp_path):
+    from canvasagent.evaluation.tasks_io import load_tasks
+
+    train = load_tasks(built_run / "data" / "canvascraft" / "rl", split="train")
+    pool = evidence.grpo_pool(built_run)
+    assert sum(pool.values()) == len(train) == 4
+    assert pool == {evidence.chain_key(t.meta, t.expected_tools): n for t, n in
+                    ((t, sum(x.meta["chain"] == t.meta["chain"] and x.meta.get("tone") == t.meta.get("tone") for x in train)) for t in train)}
+    assert all(k.split(" (")[0] in ("Flip", "Rotate") for k in pool)
+    # Held-out rows carry their chain's training-task count; a chain GRPO never trained on carries 0.
+    first = next(iter(pool))
+    chain, tone = first.split(" (")
+    held = [{"meta": {"chain": chain, "tone": tone.rstrip(")")}, "expected_tools": [chain]},
+            {"meta": {"chain": "Crop+Rotate", "tone": "explicit"}, "expected_tools": ["Crop", "Rotate"]}]
+    res = {stage: {"per_task": [{"hybrid": 0.5, "success": 1.0}] * 2} for stage in ("eval_sft", "eval_grpo")}
+    by_chain = evidence._by_chain(held, res, pool)
+    assert by_chain[first]["grpo_tasks"] == pool[first] and by_chain["Crop+Rotate (explicit)"]["grpo_tasks"] == 0
+    assert "grpo_tasks" not in evidence._by_chain(held, res)[first]
+    assert evidence.grpo_pool(tmp_path) is None  # no build: GRPO trained on made tasks
