@@ -5,6 +5,8 @@ Entry points only: each looks the config's source up (`data.format`) and asks it
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Callable
 
 from canvasagent.core.tasks import Task
@@ -22,7 +24,28 @@ def sft_rows(cfg: TrainConfig, system: str, toolbox_factory: Callable[[], Any]) 
 
 
 def grpo_rows(cfg: TrainConfig, toolbox_factory: Callable[[], Any]) -> list[dict[str, Any]]:
-    return source_of(cfg).grpo_rows(cfg, toolbox_factory)
+    """The source's GRPO rows; with `data.task_ids`, only the rows of the tasks that file names, in
+    the source's order. Refused (ValueError): a name the source's training tasks lack, or no name."""
+    rows = source_of(cfg).grpo_rows(cfg, toolbox_factory)
+    if cfg.data.task_ids is None:
+        return rows
+    wanted = read_task_ids(cfg.resolve(cfg.data.task_ids))
+    have = {json.loads(r["task"])["id"] for r in rows}
+    if missing := sorted(wanted - have):
+        raise ValueError(f"data.task_ids {cfg.data.task_ids}: {len(missing)} ids are not training tasks of "
+                         f"data.format={cfg.data.format} (first: {missing[:3]})")
+    return [r for r in rows if json.loads(r["task"])["id"] in wanted]
+
+
+def read_task_ids(path: Path) -> set[str]:
+    """The task ids of a file, one per line (blank lines and lines starting with # skipped); a
+    missing file or one that names no task is refused (ValueError)."""
+    if not path.is_file():
+        raise ValueError(f"task id file {path} does not exist")
+    ids = {line.strip() for line in path.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")}
+    if not ids:
+        raise ValueError(f"task id file {path} names no task")
+    return ids
 
 
 def eval_tasks(cfg: TrainConfig, n: int, seed: int, toolbox: Any, source: str = "scripted") -> list[Task]:

@@ -120,6 +120,27 @@ def test_mixed_is_scripted_then_canvascraft_and_eval_tasks_are_held_out(tmp_path
     assert [t.id for t in both] == [t.id for t in scripted_held] + [t.id for t in held]
 
 
+def test_data_task_ids_keeps_the_named_training_tasks_in_order(tmp_path, rl_build):
+    cfg = _grpo(tmp_path, **{"data.format": "mixed", "data.path": str(rl_build)})
+    factory = toolbox_factory(cfg)
+    ids = [json.loads(r["task"])["id"] for r in grpo_rows(cfg, factory)]
+    assert len(ids) == 6 and len(set(ids)) == 6
+    keep = tmp_path / "keep.txt"
+    keep.write_text(f"# unsolved after SFT\n{ids[4]}\n\n  {ids[1]}  \n")
+    cfg.data.task_ids = str(keep)
+    assert [json.loads(r["task"])["id"] for r in grpo_rows(cfg, factory)] == [ids[1], ids[4]]  # the source's order
+    keep.write_text(f"{ids[0]}\nrl-eval-0-000000\n")  # a held-out task is not a training task
+    with pytest.raises(ValueError, match="1 ids are not training tasks"):
+        grpo_rows(cfg, factory)
+    keep.write_text("# nothing\n\n")
+    with pytest.raises(ValueError, match="names no task"):
+        grpo_rows(cfg, factory)
+    cfg.data.task_ids = str(tmp_path / "absent.txt")
+    with pytest.raises(ValueError, match="does not exist"):
+        grpo_rows(cfg, factory)
+    assert TrainConfig.load("grpo_tiny_cpu").data.task_ids is None  # the default trains on every task
+
+
 def test_the_source_picks_the_scorer_and_the_env(tmp_path):
     cfg = _grpo(tmp_path)
     hybrid = source_of(cfg).scorer(cfg)
