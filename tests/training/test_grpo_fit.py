@@ -19,16 +19,22 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 DEFAULT_YAML = Path(__file__).parents[2] / "configs" / "pipeline" / "default.yaml"
 
 
-@pytest.fixture(scope="module")
-def grpo_fit():
-    sys.path.insert(0, str(BENCH))  # the script imports its sibling chain_behaviour
+def _script(name: str):
+    """benchmarks/<name>.py as a module, with benchmarks/ on sys.path while it is in use (the
+    scripts import their siblings)."""
+    sys.path.insert(0, str(BENCH))
     try:
-        spec = importlib.util.spec_from_file_location("grpo_fit", BENCH / "grpo_fit.py")
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         yield mod
     finally:
         sys.path.remove(str(BENCH))
+
+
+@pytest.fixture(scope="module")
+def grpo_fit():
+    yield from _script("grpo_fit")
 
 
 @pytest.fixture(scope="module")
@@ -111,14 +117,7 @@ def test_a_run_without_its_grpo_checkpoint_is_refused(grpo_fit, tmp_path):
 
 @pytest.fixture(scope="module")
 def unsolved_tasks():
-    sys.path.insert(0, str(BENCH))  # the script imports its siblings grpo_fit and train_evidence
-    try:
-        spec = importlib.util.spec_from_file_location("unsolved_tasks", BENCH / "unsolved_tasks.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.path.remove(str(BENCH))
+    yield from _script("unsolved_tasks")
 
 
 def test_a_task_is_solved_only_when_every_episode_passed(unsolved_tasks):
