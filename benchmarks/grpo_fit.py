@@ -48,6 +48,15 @@ def _checkpoint_stamp(folder: Path) -> dict[str, list[int]]:
     return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.glob("*.safetensors"))}
 
 
+def recorded_pipeline(run: Path):
+    """The `Pipeline` of a finished run under the config the run recorded (pipeline_config.json),
+    not its YAML's present state."""
+    from canvasagent.pipeline import Pipeline, PipelineConfig
+    from toolserver.config import from_dict
+
+    return Pipeline(from_dict(PipelineConfig, {**json.loads((run / "pipeline_config.json").read_text()), "out": str(run)}))
+
+
 def _fmt(d: dict) -> str:
     return f"{d['mean_diff']:+.4f} (±{d['se']:.4f}; up {d['wins']}, down {d['losses']})"
 
@@ -63,20 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     from chain_behaviour import precision_table, statement_table  # sibling scripts: benchmarks/ is on sys.path
     from train_evidence import family
     from canvascraft.build import read_tasks
-    from canvasagent.pipeline import Pipeline, PipelineConfig
     from canvasagent.stage_runner import StagedRun, StaleStage
     from canvasagent.training.common import workspace
     from canvasagent.training.evaluate import evaluate_checkpoint
     from canvasagent.training.rewarding import make_scorer
-    from toolserver.config import from_dict
 
     run = Path(args.run).resolve()
     for rel in STAGES.values():
         if not (run / rel).is_dir():
             raise SystemExit(f"{run / rel} is missing: grpo_fit needs a run whose SFT and GRPO stages finished")
-    # The config the run recorded, not its YAML's present state.
-    cfg = from_dict(PipelineConfig, {**json.loads((run / "pipeline_config.json").read_text()), "out": str(run)})
-    pipe = Pipeline(cfg)
+    pipe = recorded_pipeline(run)
     if pipe.grpo.data.format != "canvascraft":
         raise SystemExit(f"grpo_fit reads a CanvasCraft build's train split; this run's GRPO data is {pipe.grpo.data.format!r}")
     tasks = read_tasks(pipe.grpo.resolve(pipe.grpo.data.path), "train")[: args.limit]

@@ -23,7 +23,6 @@ a CanvasCraft RL build with a train split, and fewer than 1 sample.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -56,22 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from grpo_fit import _checkpoint_stamp  # a sibling script: benchmarks/ is on sys.path
+    from grpo_fit import _checkpoint_stamp, recorded_pipeline  # sibling scripts: benchmarks/ is on sys.path
     from train_evidence import chain_key
     from canvascraft.build import read_tasks
-    from canvasagent.pipeline import Pipeline, PipelineConfig
     from canvasagent.stage_runner import StagedRun, StaleStage
     from canvasagent.training.common import workspace
     from canvasagent.training.evaluate import evaluate_checkpoint
     from canvasagent.training.rewarding import make_scorer
-    from toolserver.config import from_dict
 
     run = Path(args.run).resolve()
     sft = run / "sft" / "final"
     if not sft.is_dir():
         raise SystemExit(f"{sft} is missing: unsolved_tasks needs a run whose SFT stage finished")
-    cfg = from_dict(PipelineConfig, {**json.loads((run / "pipeline_config.json").read_text()), "out": str(run)})
-    pipe = Pipeline(cfg)
+    pipe = recorded_pipeline(run)
     if args.build is None and pipe.grpo.data.format != "canvascraft":
         raise SystemExit(f"this run's GRPO data is {pipe.grpo.data.format!r}; name a CanvasCraft RL build with --build")
     build = Path(args.build).resolve() if args.build else pipe.grpo.resolve(pipe.grpo.data.path)
