@@ -26,14 +26,15 @@ def sft_rows(cfg: TrainConfig, system: str, toolbox_factory: Callable[[], Any]) 
 def grpo_rows(cfg: TrainConfig, toolbox_factory: Callable[[], Any]) -> list[dict[str, Any]]:
     """The source's GRPO rows; with `data.task_ids`, only the rows of the tasks that file names, in
     the source's order. Refused (ValueError): a name the source's training tasks lack, or no name."""
-    rows = source_of(cfg).grpo_rows(cfg, toolbox_factory)
+    source = source_of(cfg)
+    rows = source.grpo_rows(cfg, toolbox_factory)
     if cfg.data.task_ids is None:
         return rows
     wanted = read_task_ids(cfg.resolve(cfg.data.task_ids))
     have = {json.loads(r["task"])["id"] for r in rows}
     if missing := sorted(wanted - have):
         raise ValueError(f"data.task_ids {cfg.data.task_ids}: {len(missing)} ids are not training tasks of "
-                         f"data.format={cfg.data.format} (first: {missing[:3]})")
+                         f"the {source.name} source (first: {missing[:3]})")
     return [r for r in rows if json.loads(r["task"])["id"] in wanted]
 
 
