@@ -138,7 +138,7 @@ def keep_logs_through(path: Path, step: int) -> int:
     if not path.exists():
         return 0
     lines = path.read_text().splitlines()
-    kept = [line for line in lines if _logged_step(line) is not None and _logged_step(line) <= step]
+    kept = [line for line in lines if (logged := _logged_step(line)) is not None and logged <= step]
     if len(kept) < len(lines):
         tmp = path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))

@@ -31,11 +31,11 @@ def grpo_rows(cfg: TrainConfig, toolbox_factory: Callable[[], Any]) -> list[dict
     if cfg.data.task_ids is None:
         return rows
     wanted = read_task_ids(cfg.resolve(cfg.data.task_ids))
-    have = {json.loads(r["task"])["id"] for r in rows}
-    if missing := sorted(wanted - have):
+    ids = [json.loads(r["task"])["id"] for r in rows]
+    if missing := sorted(wanted - set(ids)):
         raise ValueError(f"data.task_ids {cfg.data.task_ids}: {len(missing)} ids are not training tasks of "
                          f"the {source.name} source (first: {missing[:3]})")
-    return [r for r in rows if json.loads(r["task"])["id"] in wanted]
+    return [r for r, i in zip(rows, ids) if i in wanted]
 
 
 def read_task_ids(path: Path) -> set[str]:
