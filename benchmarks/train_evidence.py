@@ -69,13 +69,22 @@ def chain_key(meta: dict, expected_tools: list[str]) -> str:
 
 def grpo_pool(run: Path) -> Counter[str] | None:
     """How many of the run's GRPO training tasks each chain has (`chain_key`), read from its
-    CanvasCraft build; None when the run trained GRPO on no build (made tasks only)."""
+    CanvasCraft build, only the tasks of the `data.task_ids` file when the run's GRPO overrides
+    (`pipeline_config.json`) name one; None when the run trained GRPO on no build (made tasks only)."""
     from canvasagent.evaluation.tasks_io import load_tasks
+    from canvasagent.training.config import resolve_config_path
+    from canvasagent.training.data import read_task_ids
 
     path = run / "data" / "canvascraft" / "rl"
     if not path.is_dir():
         return None
-    return Counter(chain_key(t.meta, t.expected_tools) for t in load_tasks(path, split="train"))
+    tasks = load_tasks(path, split="train")
+    recorded = run / "pipeline_config.json"
+    ids_file = json.loads(recorded.read_text()).get("grpo_overrides", {}).get("data.task_ids") if recorded.exists() else None
+    if ids_file is not None:
+        wanted = read_task_ids(resolve_config_path(ids_file))
+        tasks = [t for t in tasks if t.id in wanted]
+    return Counter(chain_key(t.meta, t.expected_tools) for t in tasks)
 
 
 def _by_chain(tasks: list[dict], res: dict, pool: Counter[str] | None = None) -> dict[str, dict[str, float]]:
@@ -198,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             targets[f"{mode}: GRPO {k} > SFT every seed"] = all(r[f"{mode}_eval_grpo_{k}"] > r[f"{mode}_eval_sft_{k}"] for r in rows)
             p = pooled_stats[f"{mode}_{k}"]
             targets[f"{mode}: pooled paired {k} diff > 2 se"] = p["mean_diff"] > 2 * p["se"]
-    summary = {"config": args.config, "targets": targets, "pooled": pooled_stats, "by_family": family_stats, "rows": rows,
+    summary = {"config": args.config, "sft_set": args.sft_set, "grpo_set": args.grpo_set, "targets": targets, "pooled": pooled_stats, "by_family": family_stats, "rows": rows,
                "wall_s": round(time.perf_counter() - t0, 1)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_evidence.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -206,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = grpo_groups(seed_runs)
     md = "\n".join([
         f"# Training evidence (pipeline config `{args.config}`, held-out tasks, paired per task)", "",
+        *([f"Overrides: {', '.join(f'`--sft-set {s}`' for s in args.sft_set)}{', ' if args.sft_set and args.grpo_set else ''}"
+           f"{', '.join(f'`--grpo-set {s}`' for s in args.grpo_set)}.", ""] if args.sft_set or args.grpo_set else []),
         "Reward: hybrid reward (paper preset, offline judges); success: every verifiable check passed; format validity: "
         "share of assistant turns without a protocol finding. Base = the untrained model on the first n_eval_base tasks.", "",
         "Pooled rows: n (seed, task) pairs over that many distinct held-out tasks; their se is the larger of the "

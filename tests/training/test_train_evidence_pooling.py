@@ -71,3 +71,27 @@ def test_the_per_chain_table_counts_each_chains_grpo_training_tasks(evidence, bu
     assert by_chain[first]["grpo_tasks"] == pool[first] and by_chain["Crop+Rotate (explicit)"]["grpo_tasks"] == 0
     assert "grpo_tasks" not in evidence._by_chain(held, res)[first]
     assert evidence.grpo_pool(tmp_path) is None  # no build: GRPO trained on made tasks
+
+
+def test_the_grpo_pool_counts_only_the_tasks_a_task_id_file_kept(evidence, built_run, tmp_path):
+    import json
+    import shutil
+
+    from canvasagent.evaluation.tasks_io import load_tasks
+
+    run = tmp_path / "seed_0"
+    shutil.copytree(built_run, run)
+    train = load_tasks(run / "data" / "canvascraft" / "rl", split="train")
+    kept = train[:2]
+    ids = tmp_path / "task_ids.txt"
+    ids.write_text("".join(f"{t.id}\n" for t in kept))
+    recorded = json.loads((run / "pipeline_config.json").read_text())
+    recorded["grpo_overrides"] = {**recorded.get("grpo_overrides", {}), "data.task_ids": str(ids)}
+    (run / "pipeline_config.json").write_text(json.dumps(recorded))
+    pool = evidence.grpo_pool(run)
+    assert sum(pool.values()) == 2
+    assert pool == evidence.Counter(evidence.chain_key(t.meta, t.expected_tools) for t in kept)
+    ids.unlink()  # the recorded file is gone: refused, not counted as the whole build
+    with pytest.raises(ValueError, match="does not exist"):
+        evidence.grpo_pool(run)
+
