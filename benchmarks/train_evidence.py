@@ -11,6 +11,12 @@ the seeds (mean difference and standard error). Targets: after GRPO the hybrid r
 success rate are higher than after SFT on every seed, greedy and sampled, and the pooled paired
 difference exceeds 2 standard errors. Numbers are reported as measured, target met or not.
 Resumable: finished stages of each seed are skipped on a rerun.
+
+`--grpo-on-unsolved`: per seed, after SFT and its evaluation, `benchmarks/unsolved_tasks.py` lists
+the GRPO build's training tasks the SFT policy does not solve yet (greedy, or one of the run's
+`eval_samples` sampled episodes, fails a check), and GRPO trains on those only (`data.task_ids`,
+the file `seed_N/unsolved_tasks/<build>/task_ids.txt`). A seed whose SFT solves every training task
+stops the run with that message. The held-out split never decides what GRPO sees.
 """
 
 from __future__ import annotations
@@ -106,6 +112,22 @@ def _by_chain(tasks: list[dict], res: dict, pool: Counter[str] | None = None) ->
     return out
 
 
+def _unsolved_ids(cfg, run: Path) -> Path:
+    """The stages up to the SFT evaluation of `run`, then the id file of the GRPO build's training
+    tasks the SFT policy leaves unsolved (`unsolved_tasks.py`, which resumes from its record)."""
+    import unsolved_tasks  # a sibling script
+    from grpo_fit import recorded_pipeline
+    from canvasagent.pipeline import STAGES as PIPELINE_STAGES, run_pipeline
+
+    run_pipeline(cfg, only=list(PIPELINE_STAGES[:PIPELINE_STAGES.index("eval_sft") + 1]))
+    grpo = recorded_pipeline(run).grpo
+    if grpo.data.format != "canvascraft":
+        raise SystemExit(f"--grpo-on-unsolved needs GRPO on a CanvasCraft build; {run}'s GRPO data is {grpo.data.format!r}")
+    ids = run / "unsolved_tasks" / Path(grpo.data.path).name / "task_ids.txt"
+    unsolved_tasks.main(["--run", str(run), "--ids", str(ids)])
+    return ids
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/train_evidence")
@@ -113,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--grpo-on-unsolved", action="store_true",
+                    help="GRPO trains only on the training tasks the SFT policy does not solve yet (see above)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -126,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = PipelineConfig.load(args.config, out=str(out / f"seed_{seed}"), seed=seed)
         cfg.sft_overrides.update(dict(parse_override(s) for s in args.sft_set))
         cfg.grpo_overrides.update(dict(parse_override(s) for s in args.grpo_set))
+        if args.grpo_on_unsolved:
+            cfg.grpo_overrides["data.task_ids"] = str(_unsolved_ids(cfg, out / f"seed_{seed}"))
         res = run_pipeline(cfg)
         tasks = _eval_tasks(out / f"seed_{seed}")
         families = [family(t) for t in tasks]
@@ -207,16 +233,18 @@ def main(argv: list[str] | None = None) -> int:
             targets[f"{mode}: GRPO {k} > SFT every seed"] = all(r[f"{mode}_eval_grpo_{k}"] > r[f"{mode}_eval_sft_{k}"] for r in rows)
             p = pooled_stats[f"{mode}_{k}"]
             targets[f"{mode}: pooled paired {k} diff > 2 se"] = p["mean_diff"] > 2 * p["se"]
-    summary = {"config": args.config, "sft_set": args.sft_set, "grpo_set": args.grpo_set, "targets": targets, "pooled": pooled_stats, "by_family": family_stats, "rows": rows,
+    summary = {"config": args.config, "sft_set": args.sft_set, "grpo_set": args.grpo_set,
+               "grpo_on_unsolved": args.grpo_on_unsolved, "targets": targets, "pooled": pooled_stats, "by_family": family_stats, "rows": rows,
                "wall_s": round(time.perf_counter() - t0, 1)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_evidence.json").write_text(json.dumps(summary, indent=2, default=str))
     seed_runs = [out / f"seed_{seed}" for seed in args.seeds]
     groups = grpo_groups(seed_runs)
+    options = ([f"`--sft-set {x}`" for x in args.sft_set] + [f"`--grpo-set {x}`" for x in args.grpo_set]
+               + (["`--grpo-on-unsolved` (GRPO on the training tasks each seed's SFT leaves unsolved)"] if args.grpo_on_unsolved else []))
     md = "\n".join([
         f"# Training evidence (pipeline config `{args.config}`, held-out tasks, paired per task)", "",
-        *([f"Overrides: {', '.join(f'`--sft-set {s}`' for s in args.sft_set)}{', ' if args.sft_set and args.grpo_set else ''}"
-           f"{', '.join(f'`--grpo-set {s}`' for s in args.grpo_set)}.", ""] if args.sft_set or args.grpo_set else []),
+        *([f"Options: {', '.join(options)}.", ""] if options else []),
         "Reward: hybrid reward (paper preset, offline judges); success: every verifiable check passed; format validity: "
         "share of assistant turns without a protocol finding. Base = the untrained model on the first n_eval_base tasks.", "",
         "Pooled rows: n (seed, task) pairs over that many distinct held-out tasks; their se is the larger of the "

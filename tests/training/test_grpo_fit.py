@@ -163,3 +163,37 @@ def test_unsolved_tasks_refuses_a_run_without_sft_and_zero_samples(unsolved_task
         unsolved_tasks.main(["--run", str(tmp_path)])
     with pytest.raises(SystemExit):
         unsolved_tasks.main(["--run", str(tmp_path), "--samples", "0"])
+
+
+@pytest.fixture(scope="module")
+def train_evidence():
+    yield from _script("train_evidence")
+
+
+@pytest.mark.slow
+def test_train_evidence_trains_grpo_on_the_tasks_its_sft_leaves_unsolved(train_evidence, tmp_path, monkeypatch):
+    from canvasagent.evaluation.tasks_io import load_tasks
+
+    cfg = yaml.safe_load(DEFAULT_YAML.read_text())
+    cfg.update(data="canvascraft", cc_sft_n=3, cc_rl_n=3, cc_eval_n=2, eval_samples=1, n_eval_base=1,
+               cc_mix={"single": 0, "hard": 0, "Flip": 1, "OCR": 1})
+    (tmp_path / "pipe.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(tmp_path)  # --out is relative, as on the command line
+    argv = ["--out", "ev", "--config", str(tmp_path / "pipe.yaml"), "--seeds", "0", "--grpo-on-unsolved",
+            "--sft-set", "optim.max_steps=2", "--sft-set", "run.save_steps=0",
+            "--grpo-set", "optim.max_steps=1", "--grpo-set", "run.save_steps=0",
+            "--grpo-set", "grpo.max_completion_length=64", "--grpo-set", "grpo.max_turns=2"]
+    assert train_evidence.main(argv) == 0
+    run = Path("ev/seed_0")
+    ids_file = run / "unsolved_tasks" / "rl" / "task_ids.txt"
+    ids = [x for x in ids_file.read_text().splitlines() if not x.startswith("#")]
+    train = load_tasks(run / "data" / "canvascraft" / "rl", split="train")
+    assert ids and set(ids) <= {t.id for t in train}
+    # GRPO ran with that file, and the report says so and counts only those tasks per chain.
+    assert json.loads((run / "pipeline_config.json").read_text())["grpo_overrides"]["data.task_ids"] == str(ids_file)
+    assert (run / "grpo" / "done.json").exists()
+    assert "`--grpo-on-unsolved`" in Path("ev/train_evidence.md").read_text()
+    summary = json.loads(Path("ev/train_evidence.json").read_text())
+    assert sum(v.get("grpo_tasks", 0) for v in summary["rows"][0]["by_chain"].values()) <= len(ids)
+    assert train_evidence.grpo_pool(run) == train_evidence.Counter(
+        train_evidence.chain_key(t.meta, t.expected_tools) for t in train if t.id in set(ids))
