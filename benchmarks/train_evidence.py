@@ -75,20 +75,20 @@ def chain_key(meta: dict, expected_tools: list[str]) -> str:
 
 def grpo_pool(run: Path) -> Counter[str] | None:
     """How many of the run's GRPO training tasks each chain has (`chain_key`), read from its
-    CanvasCraft build, only the tasks of the `data.task_ids` file when the run's GRPO overrides
-    (`pipeline_config.json`) name one; None when the run trained GRPO on no build (made tasks only)."""
+    CanvasCraft build, only the tasks of its `data.task_ids` file when the run's recorded GRPO config
+    (`pipeline_config.json`, `grpo_fit.recorded_pipeline`) names one; None when the run trained GRPO
+    on no build (made tasks only)."""
+    from grpo_fit import recorded_pipeline  # a sibling script
     from canvasagent.evaluation.tasks_io import load_tasks
-    from canvasagent.training.config import resolve_config_path
     from canvasagent.training.data import read_task_ids
 
     path = run / "data" / "canvascraft" / "rl"
     if not path.is_dir():
         return None
     tasks = load_tasks(path, split="train")
-    recorded = run / "pipeline_config.json"
-    ids_file = json.loads(recorded.read_text()).get("grpo_overrides", {}).get("data.task_ids") if recorded.exists() else None
-    if ids_file is not None:
-        wanted = read_task_ids(resolve_config_path(ids_file))
+    grpo = recorded_pipeline(run).grpo if (run / "pipeline_config.json").exists() else None
+    if grpo is not None and grpo.data.task_ids is not None:
+        wanted = read_task_ids(grpo.resolve(grpo.data.task_ids))
         tasks = [t for t in tasks if t.id in wanted]
     return Counter(chain_key(t.meta, t.expected_tools) for t in tasks)
 

@@ -230,16 +230,11 @@ class TrainConfig:
                 raise ValueError("grpo.greedy_members needs the transformers generation backend, not vLLM")
 
     def resolve(self, path: str | None) -> Path | None:
-        return resolve_config_path(path)
-
-
-def resolve_config_path(path: str | None) -> Path | None:
-    """A path a config names: absolute or existing from the working directory as given, else
-    relative to the repository root (configs travel with the code); None stays None."""
-    if path is None:
-        return None
-    p = Path(path)
-    return p if p.is_absolute() or p.exists() else REPO_ROOT / p
+        """Config paths are relative to the repository root (configs travel with the code)."""
+        if path is None:
+            return None
+        p = Path(path)
+        return p if p.is_absolute() or p.exists() else REPO_ROOT / p
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:

@@ -5,6 +5,25 @@ for _k, _v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS
 
 from tests.fixtures_models import tiny_qwen3vl_dir  # noqa: E402,F401  (session fixture)
 
+import importlib.util  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def benchmark_script(name: str):
+    """benchmarks/<name>.py as a module, with benchmarks/ on sys.path while it is in use (the
+    scripts import their siblings); a generator for module-scoped fixtures (`yield from`)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        yield mod
+    finally:
+        sys.path.remove(str(BENCH))
+
 
 def record_scored_batches(trainer) -> list[dict]:
     """Keep every training batch the GRPO trainer scores (tensors as detached copies), so tests

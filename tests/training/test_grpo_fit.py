@@ -3,38 +3,22 @@ training tasks, paired per task, beside its held-out numbers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from canvasagent.cli import main as cli_main
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.training.conftest import benchmark_script
 DEFAULT_YAML = Path(__file__).parents[2] / "configs" / "pipeline" / "default.yaml"
-
-
-def _script(name: str):
-    """benchmarks/<name>.py as a module, with benchmarks/ on sys.path while it is in use (the
-    scripts import their siblings)."""
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        yield mod
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 @pytest.fixture(scope="module")
 def grpo_fit():
-    yield from _script("grpo_fit")
+    yield from benchmark_script("grpo_fit")
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +101,7 @@ def test_a_run_without_its_grpo_checkpoint_is_refused(grpo_fit, tmp_path):
 
 @pytest.fixture(scope="module")
 def unsolved_tasks():
-    yield from _script("unsolved_tasks")
+    yield from benchmark_script("unsolved_tasks")
 
 
 def test_a_task_is_solved_only_when_every_episode_passed(unsolved_tasks):
@@ -167,7 +151,7 @@ def test_unsolved_tasks_refuses_a_run_without_sft_and_zero_samples(unsolved_task
 
 @pytest.fixture(scope="module")
 def train_evidence():
-    yield from _script("train_evidence")
+    yield from benchmark_script("train_evidence")
 
 
 @pytest.mark.slow

@@ -3,20 +3,14 @@ does not pretend seeds sharing held-out tasks are independent tasks."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_evidence.py"
+from tests.training.conftest import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def evidence():
-    spec = importlib.util.spec_from_file_location("train_evidence", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    yield from benchmark_script("train_evidence")  # grpo_pool imports its sibling grpo_fit
 
 
 def _scores(values):
