@@ -10,6 +10,8 @@ GRPO, greedy and sampled. GRPO against SFT is paired per held-out task: per seed
 the seeds (mean difference and standard error). Targets: after GRPO the hybrid reward and the
 success rate are higher than after SFT on every seed, greedy and sampled, and the pooled paired
 difference exceeds 2 standard errors. Numbers are reported as measured, target met or not.
+Writes `<out>/train_evidence.{md,json}` and `<out>/train_evidence.png` (the paired differences per
+seed and pooled, with bars of 2 standard errors).
 Resumable: finished stages of each seed are skipped on a rerun.
 
 `--grpo-on-unsolved`: per seed, after SFT and its evaluation, `benchmarks/unsolved_tasks.py` lists
@@ -56,6 +58,29 @@ def pooled_paired(ids: list[str], before: list[dict], after: list[dict], key: st
     n, mean = len(means), sum(means) / max(len(means), 1)
     se_tasks = (sum((x - mean) ** 2 for x in means) / (n - 1) / n) ** 0.5 if n > 1 else 0.0
     return {**out, "tasks": n, "se_pairs": out["se"], "se_tasks": se_tasks, "se": max(out["se"], se_tasks)}
+
+
+def draw_paired(rows: list[dict], pooled: dict[str, dict], path: Path) -> Path:
+    """GRPO minus SFT, paired per held-out task, as a figure: one panel per measure (hybrid reward,
+    success), one column of points per seed and the pooled one, greedy and sampled side by side,
+    each with a bar of 2 standard errors either side, so a difference clear of zero is one whose
+    bar does not cross the zero line. `rows` and `pooled` are main()'s (`<mode>_paired_<key>` and
+    `<mode>_<key>` entries holding `mean_diff` and `se`)."""
+    from canvasagent.core.plotting import figure
+
+    labels = [f"seed {r['seed']}" for r in rows] + ["pooled"]
+    with figure(path, 1, 2, figsize=(4.2 + 1.1 * len(labels), 3.8)) as (_, axes):
+        for ax, (key, title) in zip(axes, (("hybrid", "hybrid reward"), ("success", "success"))):
+            for shift, mode, colour in ((-0.12, "greedy", "tab:blue"), (0.12, "sampled", "tab:orange")):
+                stats = [r[f"{mode}_paired_{key}"] for r in rows] + [pooled[f"{mode}_{key}"]]
+                ax.errorbar([i + shift for i in range(len(stats))], [s["mean_diff"] for s in stats],
+                            yerr=[2 * s["se"] for s in stats], fmt="o", capsize=4, color=colour, label=mode)
+            ax.axhline(0.0, color="grey", linewidth=0.8)
+            ax.axvline(len(rows) - 0.5, color="lightgrey", linewidth=0.8, linestyle=":")
+            ax.set_xticks(range(len(labels)), labels)
+            ax.set_title(f"GRPO - SFT, {title} (±2 se)")
+        axes[0].legend(loc="best", fontsize="small")
+    return path
 
 
 def _eval_tasks(run: Path) -> list[dict]:
@@ -238,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                "wall_s": round(time.perf_counter() - t0, 1)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_evidence.json").write_text(json.dumps(summary, indent=2, default=str))
+    draw_paired(rows, pooled_stats, out / "train_evidence.png")
     seed_runs = [out / f"seed_{seed}" for seed in args.seeds]
     groups = grpo_groups(seed_runs)
     options = ([f"`--sft-set {x}`" for x in args.sft_set] + [f"`--grpo-set {x}`" for x in args.grpo_set]
@@ -249,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         "share of assistant turns without a protocol finding. Base = the untrained model on the first n_eval_base tasks.", "",
         "Pooled rows: n (seed, task) pairs over that many distinct held-out tasks; their se is the larger of the "
         "per-pair and the task-clustered one (seeds that share tasks are not independent samples of tasks).", "",
+        "GRPO minus SFT per seed and pooled, with bars of 2 se: `train_evidence.png`.", "",
         "Greedy decoding:", "", *table("greedy"), "",
         "Sampling at the GRPO temperature (reward: the mean of a task's sampled episodes; success: at least half of "
         "them passed every check):", "", *table("sampled"), "", pass_rate_line(), "",

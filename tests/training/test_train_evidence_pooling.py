@@ -89,3 +89,17 @@ def test_the_grpo_pool_counts_only_the_tasks_a_task_id_file_kept(evidence, built
     with pytest.raises(ValueError, match="does not exist"):
         evidence.grpo_pool(run)
 
+
+
+def test_the_figure_draws_each_seed_and_the_pool_with_two_se_bars(evidence, tmp_path):
+    from PIL import Image
+
+    stat = lambda m, se: {"mean_diff": m, "se": se}  # noqa: E731
+    rows = [{"seed": s, **{f"{mode}_paired_{k}": stat(0.01 * (s + 1), 0.005) for mode in ("greedy", "sampled")
+                           for k in ("hybrid", "success")}} for s in (0, 1)]
+    pooled = {f"{mode}_{k}": stat(0.015, 0.004) for mode in ("greedy", "sampled") for k in ("hybrid", "success")}
+    path = evidence.draw_paired(rows, pooled, tmp_path / "ev.png")
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.width > im.height > 100
+    with pytest.raises(KeyError):  # a row without its paired statistics is refused, not drawn blank
+        evidence.draw_paired([{"seed": 2}], pooled, tmp_path / "bad.png")
