@@ -5,7 +5,8 @@ scripted + canvascraft, easel, easel-data); every module that needs something so
 asks `source_of(cfg)` instead of switching on the name or on a toolbox type. A source gives
 `validate(cfg)` (ValueError), `sft_rows` / `grpo_rows` (rows in `messages`' layout; a run kind
 it cannot feed is refused with ValueError), `env(cfg)` (TRL environment class, toolbox factory),
-`scorer(cfg, toolbox)` (a `canvasagent.evaluation.scoring.HybridScorer`), `eval_tasks`
+`scorer(cfg, toolbox)` (a `canvasagent.evaluation.scoring.HybridScorer`), `train_tasks` (the GRPO
+training tasks as tasks, reference images attached, in `grpo_rows` order), `eval_tasks`
 (held-out tasks, never training ones) and the preflight / dry-run facts (`needs_path`, `hint`,
 `needs_toolserver`, `uses_tools_config`, `judged`, `dry_run_data`). Configs are read
 duck-typed: the config validates through this module, so it never imports `training.config`.
@@ -65,6 +66,10 @@ class Source:
     def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
         raise ValueError(f"data.format={self.name} has no GRPO rows")
 
+    def train_tasks(self, cfg: Any, toolbox: Any = None) -> list[Task]:
+        """The GRPO training tasks, one per GRPO row and in the same order, ready to evaluate."""
+        raise ValueError(f"data.format={self.name} has no GRPO training tasks to evaluate")
+
     def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
         raise ValueError(f"data.format={self.name} has no held-out tasks")
 
@@ -101,8 +106,11 @@ class Scripted(Source):
         return [sft_example(run_reference(t, r, toolbox), system, cfg.image_budget) for t, r in self.tasks(cfg)]
 
     def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
-        toolbox = toolbox_factory()
-        return [grpo_row(attach_reference(t, toolbox)) for t, _ in self.tasks(cfg)]
+        return [grpo_row(t) for t in self.train_tasks(cfg, toolbox_factory())]
+
+    def train_tasks(self, cfg: Any, toolbox: Any = None) -> list[Task]:
+        """data.n_train tasks from data.seed, reference images attached by `toolbox`."""
+        return [attach_reference(t, toolbox) for t, _ in self.tasks(cfg)]
 
     def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
         """`n` tasks drawn with `seed` (a seed no training stage uses), reference images attached by `toolbox`."""
@@ -151,7 +159,11 @@ class CanvasCraft(Source):
         return tasks_of(self.read(cfg, "rl"), split) if self.reader else read_tasks(cfg.resolve(cfg.data.path), split)
 
     def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
-        return [grpo_row(t) for t in self._tasks(cfg, "train")]
+        return [grpo_row(t) for t in self.train_tasks(cfg)]
+
+    def train_tasks(self, cfg: Any, toolbox: Any = None) -> list[Task]:
+        """The build's `train` split (its references were made when the build ran the tools)."""
+        return self._tasks(cfg, "train")
 
     def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
         """The build's `eval` split (the build fixed its seed), the first `n` when given."""
@@ -187,6 +199,9 @@ class Mixed(CanvasCraft):
 
     def grpo_rows(self, cfg: Any, toolbox_factory: ToolboxFactory) -> Rows:
         return [r for s, c in self._each(cfg) for r in s.grpo_rows(c, toolbox_factory)]
+
+    def train_tasks(self, cfg: Any, toolbox: Any = None) -> list[Task]:
+        return [t for s, c in self._each(cfg) for t in s.train_tasks(c, toolbox)]
 
     def eval_tasks(self, cfg: Any, n: int | None = None, seed: int | None = None, toolbox: Any = None) -> list[Task]:
         return [t for s, c in self._each(cfg) for t in s.eval_tasks(c, n, seed, toolbox)]
