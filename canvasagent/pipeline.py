@@ -9,6 +9,9 @@ scripted Crop/Flip/Rotate tasks and a small CanvasCraft build of single-tool off
 The stages run through `canvasagent.stage_runner.StagedRun`: each writes `<out>/<stage>/done.json`
 when it finishes; a rerun skips finished stages, and training stages resume from their last
 checkpoint, so an interrupted pipeline loses at most the steps since the last save.
+With `grpo_tasks: unsolved`, an `unsolved_tasks` stage between the SFT evaluation and GRPO
+evaluates the SFT checkpoint on the GRPO training tasks, and GRPO trains only on those it does
+not solve yet (`canvasagent.training.unsolved`).
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ from canvasagent.stage_runner import StagedRun, train
 log = logging.getLogger(__name__)
 
 
-STAGES = ("data", "eval_base", "sft", "eval_sft", "grpo", "eval_grpo", "report")
+STAGES = ("data", "eval_base", "sft", "eval_sft", "unsolved_tasks", "grpo", "eval_grpo", "report")
 
 
 DATA_MODES = ("mixed", "scripted", "canvascraft")  # training data formats (sources.SOURCES) the pipeline runs
+GRPO_TASKS = ("all", "unsolved")
+# Stages that evaluate a checkpoint: each is refused when rerun under other `eval_inputs`.
+EVALUATIONS = ("eval_base", "eval_sft", "unsolved_tasks", "eval_grpo")
 
 
 @dataclass
@@ -54,6 +60,10 @@ class PipelineConfig:
     # one preset (`--grpo-set grpo.reward_preset=...`) and still compare the stages on another.
     eval_preset: str | None = None
     skip_base_eval: bool = False
+    # The GRPO training tasks: all, or unsolved: only those the SFT checkpoint does not solve yet
+    # (its greedy episode or one of max(eval_samples, 1) sampled ones fails a check), found by the
+    # `unsolved_tasks` stage (`canvasagent.training.unsolved`), which sets GRPO's data.task_ids.
+    grpo_tasks: str = "all"
     # The toolbox of every stage: images over 400x400 refused (configs/tools/offline_small.yaml).
     sft_overrides: dict[str, Any] = field(default_factory=lambda: {"tools.config": "offline_small"})
     # GRPO's loss on 4 of a step's 16 rollouts at a time: the same step at a lower memory peak.
@@ -97,6 +107,11 @@ class PipelineConfig:
             raise ValueError(f"unknown pipeline data {self.data!r} ({' | '.join(DATA_MODES)})")
         if self.eval_max_new_tokens is not None and self.eval_max_new_tokens < 1:
             raise ValueError(f"eval_max_new_tokens must be at least 1 or null, not {self.eval_max_new_tokens}")
+        if self.grpo_tasks not in GRPO_TASKS:
+            raise ValueError(f"unknown grpo_tasks {self.grpo_tasks!r} ({' | '.join(GRPO_TASKS)})")
+        if self.grpo_tasks == "unsolved" and "data.task_ids" in self.grpo_overrides:
+            raise ValueError("grpo_tasks: unsolved writes GRPO's data.task_ids itself; drop data.task_ids from grpo_overrides "
+                             "or set grpo_tasks: all")
         unknown = set(self.cc_rl_targets) - {"reasoning", "length", "diversity"}
         if unknown:
             raise ValueError(f"cc_rl_targets: unknown axes {sorted(unknown)} (reasoning, length, diversity)")
@@ -157,6 +172,7 @@ class Pipeline:
             "run.output_dir": str(self.out / "grpo"), "run.seed": seed, "model.tiny_seed": seed,
             "data.seed": 1000 * seed + 1, "run.init_from": str(self.out / "sft" / "final"),
             **self.train_data("grpo"), **cfg.grpo_overrides,
+            **({"data.task_ids": str(self.out / "unsolved_tasks" / "task_ids.txt")} if cfg.grpo_tasks == "unsolved" else {}),
         })
         self.stages = StagedRun(self.out, "pipeline")
 
@@ -279,6 +295,24 @@ class Pipeline:
                     out["by_source"][s][f"metrics{suffix}"] = res[mode].metrics_for(ix)
         return out
 
+    def stage_unsolved_tasks(self) -> dict[str, Any]:
+        """The SFT checkpoint on every GRPO training task (`Source.train_tasks`), under this stage's
+        `eval_inputs`: the ids of those it does not solve go to `unsolved_tasks/task_ids.txt`,
+        which GRPO's data.task_ids names (`canvasagent.training.unsolved`)."""
+        from canvasagent.training.common import workspace
+        from canvasagent.training.rewarding import make_scorer
+        from canvasagent.training.sources import source_of
+        from canvasagent.training.unsolved import find_unsolved
+
+        ws, e = workspace(self.sft), self.eval_inputs("unsolved_tasks")
+        every = replace(self.grpo, data=replace(self.grpo.data, task_ids=None))
+        toolbox = ws.env_cls.toolbox()
+        try:
+            return find_unsolved(self.out / "sft" / "final", source_of(every).train_tasks(every, toolbox), self.out / "unsolved_tasks",
+                                 make_scorer(e["preset"], e["judge"], toolbox), toolbox, ws.tool_fns, e)
+        finally:
+            toolbox.close()
+
     def stage_eval_base(self) -> dict[str, Any]:
         from canvasagent.training.common import resolve_model_path
 
@@ -298,23 +332,27 @@ class Pipeline:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "pipeline_config.json").write_text(json.dumps(asdict(self.cfg), indent=2))
         plan = {"data": (self.stage_data,), "eval_base": (self.stage_eval_base,), "sft": (train, self.sft),
-                "eval_sft": (self._evaluate, self.out / "sft" / "final", "eval_sft"), "grpo": (train, self.grpo),
+                "eval_sft": (self._evaluate, self.out / "sft" / "final", "eval_sft"),
+                "unsolved_tasks": (self.stage_unsolved_tasks,), "grpo": (train, self.grpo),
                 "eval_grpo": (self._evaluate, self.out / "grpo" / "final", "eval_grpo"), "report": (self.stage_report,)}
         results: dict[str, Any] = {}
         for stage in STAGES:
-            if (only and stage not in only) or (stage == "eval_base" and self.cfg.skip_base_eval):
+            if ((only and stage not in only) or (stage == "eval_base" and self.cfg.skip_base_eval)
+                    or (stage == "unsolved_tasks" and self.cfg.grpo_tasks != "unsolved")):
                 continue
             fn, *args = plan[stage]
             results[stage] = self.stages.run(stage, fn, *args, isolate=isolate and stage != "report", rerun=stage == "report",
-                                             inputs=self.eval_inputs(stage) if stage.startswith("eval_") else None)
+                                             inputs=self.eval_inputs(stage) if stage in EVALUATIONS else None)
         return results
 
     def eval_inputs(self, stage: str) -> dict[str, Any]:
-        """What an evaluation stage's scores depend on besides its checkpoint and the held-out tasks:
-        its stage is refused when these differ from the ones it started with (`StaleStage`), so
-        every stage paired in a report cut, sampled and scored replies alike."""
+        """What an evaluation stage's scores depend on besides its checkpoint and its tasks: its
+        stage is refused when these differ from the ones it started with (`StaleStage`), so every
+        stage paired in a report cut, sampled and scored replies alike. `unsolved_tasks` samples at
+        least one episode a task, so a task is solved only if sampling solves it too."""
+        samples = max(self.cfg.eval_samples, 1) if stage == "unsolved_tasks" else self.cfg.eval_samples
         return {"max_new_tokens": self.eval_max_new_tokens, "max_turns": self.grpo.grpo.max_turns,
-                "temperature": self.grpo.grpo.temperature, "samples": self.cfg.eval_samples, "seed": self.cfg.seed,
+                "temperature": self.grpo.grpo.temperature, "samples": samples, "seed": self.cfg.seed,
                 "preset": self.cfg.eval_preset or self.grpo.grpo.reward_preset, "judge": self.grpo.grpo.judge,
                 "image_budget": self.grpo.image_budget, "limit": self.cfg.n_eval_base if stage == "eval_base" else None}
 

@@ -23,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="mixed (default): scripted tasks plus a small offline CanvasCraft build; or one of them")
     p.add_argument("--stage", action="append", help="run only these stages (repeatable)")
     p.add_argument("--skip-base-eval", action="store_true", default=None)
+    p.add_argument("--grpo-tasks", choices=["all", "unsolved"],
+                   help="GRPO training tasks: all, or only those the SFT policy does not solve yet (an unsolved_tasks stage finds them)")
     p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="override an SFT config field")
     p.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE", help="override a GRPO config field")
     p.set_defaults(func=_run)
@@ -36,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = PipelineConfig.load(
         args.config, out=args.out, seed=args.seed, sft_config=args.sft_config, grpo_config=args.grpo_config,
-        n_eval=args.n_eval, n_eval_base=args.n_eval_base, data=args.data, skip_base_eval=args.skip_base_eval,
+        n_eval=args.n_eval, n_eval_base=args.n_eval_base, data=args.data, skip_base_eval=args.skip_base_eval, grpo_tasks=args.grpo_tasks,
         sft_overrides=dict(parse_override(s) for s in args.sft_set) or None,
         grpo_overrides=dict(parse_override(s) for s in args.grpo_set) or None,
     )

@@ -49,7 +49,7 @@ class DataSection:
     max_steps_per_task: int = 2  # scripted chain length upper bound
     image_size: int = 64  # scripted input image side (px)
     # A file of task ids, one per line: GRPO trains on only those of the source's training tasks
-    # (e.g. the ones the SFT policy does not yet solve: benchmarks/unsolved_tasks.py). None: all.
+    # (e.g. the ones the SFT policy does not yet solve: the pipeline's grpo_tasks: unsolved). None: all.
     task_ids: str | None = None
 
 

@@ -138,6 +138,10 @@ def write_report(out: Path, results: dict[str, Any]) -> dict[str, Any]:
         table_s,
         "",
     ]
+    if unsolved := results.get("unsolved_tasks"):
+        md += [f"GRPO trained on the {len(unsolved['unsolved'])} of {unsolved['n_tasks']} training tasks the SFT policy "
+               f"did not solve (its greedy episode or one of {unsolved['samples']} sampled at T {unsolved['temperature']} "
+               "failed a check; `unsolved_tasks/report.md`).", ""]
     if gain:
         md += ["GRPO against SFT, paired per held-out task (the mean of after-GRPO minus after-SFT hybrid "
                "reward, its standard error, and the tasks it moved up / down):", "", paired_table(gain), ""]
