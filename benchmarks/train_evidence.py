@@ -14,11 +14,12 @@ Writes `<out>/train_evidence.{md,json}` and `<out>/train_evidence.png` (the pair
 seed and pooled, with bars of 2 standard errors).
 Resumable: finished stages of each seed are skipped on a rerun.
 
-`--grpo-on-unsolved`: per seed, after SFT and its evaluation, `benchmarks/unsolved_tasks.py` lists
-the GRPO build's training tasks the SFT policy does not solve yet (greedy, or one of the run's
-`eval_samples` sampled episodes, fails a check), and GRPO trains on those only (`data.task_ids`,
-the file `seed_N/unsolved_tasks/<build>/task_ids.txt`). A seed whose SFT solves every training task
-stops the run with that message. The held-out split never decides what GRPO sees.
+`--grpo-on-unsolved` runs every seed with the pipeline's `grpo_tasks: unsolved` (a config may set it
+too): after SFT and its evaluation, the `unsolved_tasks` stage lists the GRPO training tasks the SFT
+policy does not solve yet (greedy, or one of the run's `eval_samples` sampled episodes, fails a
+check) in `seed_N/unsolved_tasks/task_ids.txt`, and GRPO trains on those only. A seed whose SFT
+solves every training task stops the run with that message. The held-out split never decides what
+GRPO sees.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ for _k, _v in (("OMP_NUM_THREADS", "1"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS
     os.environ.setdefault(_k, _v)
 
 from canvasagent.evaluation.metrics import paired_difference, task_score  # noqa: E402
+from canvasagent.training.unsolved import chain_key  # noqa: E402
 
 STAGES = ("eval_base", "eval_sft", "eval_grpo")
 KEYS = ("format_validity", "rule", "hybrid", "success")
@@ -93,11 +95,6 @@ def family(task: dict) -> str:
     return "one call" if len(task.get("meta", {}).get("reference_calls") or task["expected_tools"]) == 1 else "chain"
 
 
-def chain_key(meta: dict, expected_tools: list[str]) -> str:
-    """A task's row in the per-chain table: its chain (else its expected tools) and tone."""
-    return f"{meta.get('chain') or '+'.join(expected_tools)} ({meta.get('tone', '-')})"
-
-
 def grpo_pool(run: Path) -> Counter[str] | None:
     """How many of the run's GRPO training tasks each chain has (`chain_key`), read from its
     CanvasCraft build, only the tasks of its `data.task_ids` file when the run's recorded GRPO config
@@ -137,22 +134,6 @@ def _by_chain(tasks: list[dict], res: dict, pool: Counter[str] | None = None) ->
     return out
 
 
-def _unsolved_ids(cfg, run: Path) -> Path:
-    """The stages up to the SFT evaluation of `run`, then the id file of the GRPO build's training
-    tasks the SFT policy leaves unsolved (`unsolved_tasks.py`, which resumes from its record)."""
-    import unsolved_tasks  # a sibling script
-    from grpo_fit import recorded_pipeline
-    from canvasagent.pipeline import STAGES as PIPELINE_STAGES, run_pipeline
-
-    run_pipeline(cfg, only=list(PIPELINE_STAGES[:PIPELINE_STAGES.index("eval_sft") + 1]))
-    grpo = recorded_pipeline(run).grpo
-    if grpo.data.format != "canvascraft":
-        raise SystemExit(f"--grpo-on-unsolved needs GRPO on a CanvasCraft build; {run}'s GRPO data is {grpo.data.format!r}")
-    ids = run / "unsolved_tasks" / Path(grpo.data.path).name / "task_ids.txt"
-    unsolved_tasks.main(["--run", str(run), "--ids", str(ids)])
-    return ids
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/train_evidence")
@@ -172,15 +153,17 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     rows, pooled, by_family, t0 = [], {}, {}, time.perf_counter()
     for seed in args.seeds:
-        cfg = PipelineConfig.load(args.config, out=str(out / f"seed_{seed}"), seed=seed)
+        cfg = PipelineConfig.load(args.config, out=str(out / f"seed_{seed}"), seed=seed,
+                                  grpo_tasks="unsolved" if args.grpo_on_unsolved else None)
         cfg.sft_overrides.update(dict(parse_override(s) for s in args.sft_set))
         cfg.grpo_overrides.update(dict(parse_override(s) for s in args.grpo_set))
-        if args.grpo_on_unsolved:
-            cfg.grpo_overrides["data.task_ids"] = str(_unsolved_ids(cfg, out / f"seed_{seed}"))
+        grpo_tasks = cfg.grpo_tasks
         res = run_pipeline(cfg)
         tasks = _eval_tasks(out / f"seed_{seed}")
         families = [family(t) for t in tasks]
         row: dict = {"seed": seed, "seconds": {k: v.get("seconds") for k, v in res.items() if isinstance(v, dict)}}
+        if unsolved := res.get("unsolved_tasks"):
+            row["unsolved_tasks"] = {"unsolved": len(unsolved["unsolved"]), "of": unsolved["n_tasks"]}
         for mode, mkey, tkey in (("greedy", "metrics", "per_task"), ("sampled", "metrics_sampled", "per_task_sampled")):
             for stage in STAGES:
                 m = res[stage].get(mkey) or {}
@@ -259,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             p = pooled_stats[f"{mode}_{k}"]
             targets[f"{mode}: pooled paired {k} diff > 2 se"] = p["mean_diff"] > 2 * p["se"]
     summary = {"config": args.config, "sft_set": args.sft_set, "grpo_set": args.grpo_set,
-               "grpo_on_unsolved": args.grpo_on_unsolved, "targets": targets, "pooled": pooled_stats, "by_family": family_stats, "rows": rows,
+               "grpo_tasks": grpo_tasks, "targets": targets, "pooled": pooled_stats, "by_family": family_stats, "rows": rows,
                "wall_s": round(time.perf_counter() - t0, 1)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_evidence.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -267,10 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     seed_runs = [out / f"seed_{seed}" for seed in args.seeds]
     groups = grpo_groups(seed_runs)
     options = ([f"`--sft-set {x}`" for x in args.sft_set] + [f"`--grpo-set {x}`" for x in args.grpo_set]
-               + (["`--grpo-on-unsolved` (GRPO on the training tasks each seed's SFT leaves unsolved)"] if args.grpo_on_unsolved else []))
+               + (["`--grpo-on-unsolved`"] if args.grpo_on_unsolved else []))
+    unsolved_line = ("GRPO trained on the training tasks each seed's SFT policy left unsolved (`grpo_tasks: unsolved`): "
+                     + ", ".join(f"seed {r['seed']} {r['unsolved_tasks']['unsolved']} of {r['unsolved_tasks']['of']}"
+                                 for r in rows if "unsolved_tasks" in r) + ".") if grpo_tasks == "unsolved" else ""
     md = "\n".join([
         f"# Training evidence (pipeline config `{args.config}`, held-out tasks, paired per task)", "",
         *([f"Options: {', '.join(options)}.", ""] if options else []),
+        *([unsolved_line, ""] if unsolved_line else []),
         "Reward: hybrid reward (paper preset, offline judges); success: every verifiable check passed; format validity: "
         "share of assistant turns without a protocol finding. Base = the untrained model on the first n_eval_base tasks.", "",
         "Pooled rows: n (seed, task) pairs over that many distinct held-out tasks; their se is the larger of the "

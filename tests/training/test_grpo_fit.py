@@ -100,56 +100,6 @@ def test_a_run_without_its_grpo_checkpoint_is_refused(grpo_fit, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def unsolved_tasks():
-    yield from benchmark_script("unsolved_tasks")
-
-
-def test_a_task_is_solved_only_when_every_episode_passed(unsolved_tasks):
-    ok = {"align/passed": 1.0}
-    assert unsolved_tasks.solved(ok, ok)
-    assert not unsolved_tasks.solved(ok, {"align/passed": 0.75})  # one sampled episode of four failed
-    assert not unsolved_tasks.solved({"align/passed": 0.0}, ok)
-    assert not unsolved_tasks.solved({}, ok)  # no verdict is no pass
-
-
-@pytest.mark.slow
-def test_unsolved_training_tasks_become_a_grpo_task_id_file(unsolved_tasks, finished_run, tmp_path, monkeypatch):
-    from canvasagent.training.common import toolbox_factory
-    from canvasagent.training.config import TrainConfig
-    from canvasagent.training.data import grpo_rows
-
-    ids_file = tmp_path / "ids.txt"
-    assert unsolved_tasks.main(["--run", str(finished_run), "--samples", "2", "--ids", str(ids_file)]) == 0
-    folder = finished_run / "unsolved_tasks" / "rl"
-    ids = [x for x in ids_file.read_text().splitlines() if not x.startswith("#")]
-    # The 2-step SFT policy solves nothing: both training tasks are listed, no held-out one.
-    assert len(ids) == 2 and all(i.startswith("rl-train") for i in ids), ids
-    assert len(list((folder / "sampled").rglob("trajectory.json"))) == 4  # 2 tasks x 2 samples
-    rows = [line.split("|")[1:4] for line in (folder / "report.md").read_text().splitlines() if line.startswith("| ") and line.endswith(" |") and line.split("|")[2].strip().isdigit()]
-    assert sum(int(r[1]) for r in rows) == 2 and sum(int(r[2]) for r in rows) == 2  # per chain: tasks, unsolved
-    # The file is what GRPO's data.task_ids reads.
-    run_cfg = json.loads((finished_run / "pipeline_config.json").read_text())
-    cfg = TrainConfig.load("grpo_tiny_cpu", {"data.format": "canvascraft", "data.path": str(finished_run / "data" / "canvascraft" / "rl"),
-                                             "tools.config": run_cfg["grpo_overrides"].get("tools.config", "offline"), "data.task_ids": str(ids_file)})
-    assert sorted(json.loads(r["task"])["id"] for r in grpo_rows(cfg, toolbox_factory(cfg))) == sorted(ids)
-    # A rerun reports from the record; other evaluation inputs are refused, not pooled.
-    assert unsolved_tasks.main(["--run", str(finished_run), "--samples", "2", "--ids", str(ids_file)]) == 0
-    with pytest.raises(SystemExit, match="another checkpoint, build or evaluation inputs"):
-        unsolved_tasks.main(["--run", str(finished_run), "--samples", "3"])
-    monkeypatch.setattr(unsolved_tasks, "solved", lambda g, s: True)
-    with pytest.raises(SystemExit, match="solves all 2 training tasks"):
-        unsolved_tasks.main(["--run", str(finished_run), "--samples", "2", "--ids", str(tmp_path / "none.txt")])
-    assert not (tmp_path / "none.txt").exists()
-
-
-def test_unsolved_tasks_refuses_a_run_without_sft_and_zero_samples(unsolved_tasks, tmp_path):
-    with pytest.raises(SystemExit, match="sft/final is missing"):
-        unsolved_tasks.main(["--run", str(tmp_path)])
-    with pytest.raises(SystemExit):
-        unsolved_tasks.main(["--run", str(tmp_path), "--samples", "0"])
-
-
-@pytest.fixture(scope="module")
 def train_evidence():
     yield from benchmark_script("train_evidence")
 
@@ -169,15 +119,17 @@ def test_train_evidence_trains_grpo_on_the_tasks_its_sft_leaves_unsolved(train_e
             "--grpo-set", "grpo.max_completion_length=64", "--grpo-set", "grpo.max_turns=2"]
     assert train_evidence.main(argv) == 0
     run = Path("ev/seed_0")
-    ids_file = run / "unsolved_tasks" / "rl" / "task_ids.txt"
+    ids_file = run / "unsolved_tasks" / "task_ids.txt"
     ids = [x for x in ids_file.read_text().splitlines() if not x.startswith("#")]
     train = load_tasks(run / "data" / "canvascraft" / "rl", split="train")
     assert ids and set(ids) <= {t.id for t in train}
     # GRPO ran with that file, and the report says so and counts only those tasks per chain.
-    assert json.loads((run / "pipeline_config.json").read_text())["grpo_overrides"]["data.task_ids"] == str(ids_file)
-    assert (run / "grpo" / "done.json").exists()
-    assert "`--grpo-on-unsolved`" in Path("ev/train_evidence.md").read_text()
+    assert json.loads((run / "pipeline_config.json").read_text())["grpo_tasks"] == "unsolved"
+    assert train_evidence.grpo_pool(run) is not None and (run / "grpo" / "done.json").exists()
+    text = Path("ev/train_evidence.md").read_text()
+    assert "`--grpo-on-unsolved`" in text and f"seed 0 {len(ids)} of 3" in text
     summary = json.loads(Path("ev/train_evidence.json").read_text())
+    assert summary["grpo_tasks"] == "unsolved" and summary["rows"][0]["unsolved_tasks"] == {"unsolved": len(ids), "of": 3}
     assert sum(v.get("grpo_tasks", 0) for v in summary["rows"][0]["by_chain"].values()) <= len(ids)
     assert train_evidence.grpo_pool(run) == train_evidence.Counter(
         train_evidence.chain_key(t.meta, t.expected_tools) for t in train if t.id in set(ids))
