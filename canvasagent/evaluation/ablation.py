@@ -220,9 +220,21 @@ class AblationRunner:
                 load_reward_config(preset)
             except Exception as e:
                 out.append(f"reward preset {preset!r}: {e}")
+        if self.cfg.data and (reason := self._data_refused()):
+            out.append(reason)
         if isinstance(self.cfg.eval.tasks, str) and not Path(self.cfg.eval.tasks).exists():
             out.append(f"eval split {self.cfg.eval.tasks} does not exist yet (build it with python -m canvascraft build-rl)")
         return out
+
+    def _data_refused(self) -> str | None:
+        """Why the `data` pipeline cannot feed a grid: one whose GRPO trains only on the tasks its own
+        SFT leaves unsolved (`grpo_tasks: unsolved`) would have every cell train on all tasks here."""
+        from canvasagent.pipeline import PipelineConfig
+
+        if PipelineConfig.load(self.cfg.data).grpo_tasks != "all":
+            return (f"data pipeline {self.cfg.data!r} sets grpo_tasks: unsolved, which a grid does not run (its cells "
+                    "would train GRPO on every task); name a pipeline with grpo_tasks: all")
+        return None
 
     @functools.cached_property
     def _data(self) -> dict[str, Any]:
@@ -230,6 +242,8 @@ class AblationRunner:
         gives every run, the pipeline (whose held-out tasks every cell is evaluated on) and its seed."""
         from canvasagent.pipeline import Pipeline, PipelineConfig
 
+        if reason := self._data_refused():
+            raise AblationError(reason)
         pipe = Pipeline(PipelineConfig.load(self.cfg.data, out=str(self.out)))
         pipe.run(only=["data"])
         return {"sft": {**pipe.train_data("sft"), **pipe.cfg.sft_overrides},

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from canvasagent.cli import main as cli_main
-from canvasagent.evaluation.ablation import AblationConfig, AblationRunner, cli_trainer, slug
+from canvasagent.evaluation.ablation import AblationConfig, AblationError, AblationRunner, cli_trainer, slug
 from canvasagent.evaluation.metrics import TaskResult, policy_metrics
 from canvasagent.training.evaluate import EvalResult
 
@@ -172,6 +172,21 @@ def test_only_named_cells_run_and_the_table_keeps_finished_ones(grid, tmp_path):
     assert [k for k, _ in trainer2.calls] == ["grpo"]  # the SFT run is shared, not repeated
     assert "| SFT only |" in out["markdown"] and "| SFT+RL |" in out["markdown"] and "| RL only |" not in out["markdown"]
     assert cli_main(["ablate", "--grid", str(grid), "--out", str(tmp_path / "abl"), "--cell", "No such cell"]) == 2
+
+
+def test_a_data_pipeline_that_trains_grpo_on_unsolved_tasks_is_refused(grid, tmp_path):
+    # Its GRPO task list comes from its own SFT; a grid would silently train every cell on all tasks.
+    pipe = tmp_path / "pipe.yaml"
+    pipe.write_text(yaml.safe_dump({"data": "canvascraft", "grpo_tasks": "unsolved"}))
+    g = yaml.safe_load(grid.read_text())
+    g["data"] = str(pipe)
+    path = tmp_path / "grid_unsolved.yaml"
+    path.write_text(yaml.safe_dump(g))
+    runner = AblationRunner(AblationConfig.load(path), tmp_path / "abl", FakeTrainer(), fake_evaluator([]))
+    assert any("grpo_tasks: unsolved" in p for p in runner.problems())
+    with pytest.raises(AblationError, match="grpo_tasks: unsolved"):
+        runner.eval_tasks()
+    assert not (tmp_path / "abl" / "data").exists()
 
 
 def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid, tmp_path, monkeypatch):
