@@ -295,10 +295,11 @@ class Pipeline:
                     out["by_source"][s][f"metrics{suffix}"] = res[mode].metrics_for(ix)
         return out
 
-    def stage_unsolved_tasks(self) -> dict[str, Any]:
-        """The SFT checkpoint on every GRPO training task (`Source.train_tasks`), under this stage's
-        `eval_inputs`: the ids of those it does not solve go to `unsolved_tasks/task_ids.txt`,
-        which GRPO's data.task_ids names (`canvasagent.training.unsolved`)."""
+    def stage_unsolved_tasks(self, checkpoint: Path | None = None) -> dict[str, Any]:
+        """The SFT checkpoint (default `<out>/sft/final`) on every GRPO training task
+        (`Source.train_tasks`), under this stage's `eval_inputs`: the ids of those it does not solve
+        go to `unsolved_tasks/task_ids.txt`, which GRPO's data.task_ids names
+        (`canvasagent.training.unsolved`)."""
         from canvasagent.training.common import workspace
         from canvasagent.training.rewarding import make_scorer
         from canvasagent.training.sources import source_of
@@ -308,7 +309,7 @@ class Pipeline:
         every = replace(self.grpo, data=replace(self.grpo.data, task_ids=None))
         toolbox = ws.env_cls.toolbox()
         try:
-            return find_unsolved(self.out / "sft" / "final", source_of(every).train_tasks(every, toolbox), self.out / "unsolved_tasks",
+            return find_unsolved(checkpoint or self.out / "sft" / "final", source_of(every).train_tasks(every, toolbox), self.out / "unsolved_tasks",
                                  make_scorer(e["preset"], e["judge"], toolbox), toolbox, ws.tool_fns, e)
         finally:
             toolbox.close()

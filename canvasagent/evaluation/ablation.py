@@ -85,7 +85,8 @@ class AblationConfig:
     name: str = "ablation"
     # A configs/pipeline/<name> whose data stage builds the grid's data under <out>/data: every run
     # trains on it and every cell is evaluated on its held-out tasks (replacing `eval.tasks`) with
-    # its tools config. None: the train configs' own data.
+    # its tools config. None: the train configs' own data. A pipeline with `grpo_tasks: unsolved`
+    # makes every GRPO cell (RL only too) train on the tasks the grid's shared SFT leaves unsolved.
     data: str | None = None
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
@@ -191,10 +192,16 @@ class AblationRunner:
 
     def plan(self) -> list[str]:
         """Human-readable stages, in order (for --dry-run)."""
+        from canvasagent.pipeline import PipelineConfig
+
         t = self.cfg.train
         steps = [f"data: pipeline {self.cfg.data} data stage -> {self.out / 'data'}"] if self.cfg.data else []
-        if any(c.sft for c in self.cfg.cells):
+        unsolved = bool(self.cfg.data) and PipelineConfig.load(self.cfg.data).grpo_tasks == "unsolved"
+        if any(c.sft for c in self.cfg.cells) or (unsolved and any(c.grpo for c in self.cfg.cells)):
             steps.append(f"train sft  --config {t.sft_config} -> {self.out / 'sft'}")
+        if unsolved and any(c.grpo for c in self.cfg.cells):
+            steps.append(f"unsolved_tasks: sft/final on the GRPO training tasks -> {self.out / 'unsolved_tasks' / 'task_ids.txt'} "
+                         "(every GRPO cell trains on those)")
         for c in self.cfg.cells:
             d = self.out / "cells" / slug(c.name)
             if c.grpo:
@@ -220,21 +227,9 @@ class AblationRunner:
                 load_reward_config(preset)
             except Exception as e:
                 out.append(f"reward preset {preset!r}: {e}")
-        if self.cfg.data and (reason := self._data_refused()):
-            out.append(reason)
         if isinstance(self.cfg.eval.tasks, str) and not Path(self.cfg.eval.tasks).exists():
             out.append(f"eval split {self.cfg.eval.tasks} does not exist yet (build it with python -m canvascraft build-rl)")
         return out
-
-    def _data_refused(self) -> str | None:
-        """Why the `data` pipeline cannot feed a grid: one whose GRPO trains only on the tasks its own
-        SFT leaves unsolved (`grpo_tasks: unsolved`) would have every cell train on all tasks here."""
-        from canvasagent.pipeline import PipelineConfig
-
-        if PipelineConfig.load(self.cfg.data).grpo_tasks != "all":
-            return (f"data pipeline {self.cfg.data!r} sets grpo_tasks: unsolved, which a grid does not run (its cells "
-                    "would train GRPO on every task); name a pipeline with grpo_tasks: all")
-        return None
 
     @functools.cached_property
     def _data(self) -> dict[str, Any]:
@@ -242,13 +237,13 @@ class AblationRunner:
         gives every run, the pipeline (whose held-out tasks every cell is evaluated on) and its seed."""
         from canvasagent.pipeline import Pipeline, PipelineConfig
 
-        if reason := self._data_refused():
-            raise AblationError(reason)
         pipe = Pipeline(PipelineConfig.load(self.cfg.data, out=str(self.out)))
         pipe.run(only=["data"])
+        unsolved = pipe.cfg.grpo_tasks == "unsolved"
         return {"sft": {**pipe.train_data("sft"), **pipe.cfg.sft_overrides},
-                "grpo": {**pipe.train_data("grpo"), **pipe.cfg.grpo_overrides},
-                "pipeline": pipe, "seed": pipe.cfg.seed}
+                "grpo": {**pipe.train_data("grpo"), **pipe.cfg.grpo_overrides,
+                         **({"data.task_ids": pipe.grpo.data.task_ids} if unsolved else {})},
+                "pipeline": pipe, "seed": pipe.cfg.seed, "unsolved": unsolved}
 
     def eval_tasks(self) -> list:
         """The held-out tasks every cell is evaluated on (read once per grid): the `data` pipeline's
@@ -288,7 +283,17 @@ class AblationRunner:
         return self._train("sft", self.cfg.train.sft_config, self.out / "sft",
                            lambda: {**(self._data["sft"] if self.cfg.data else {}), **self.cfg.train.sft_overrides})
 
+    def _unsolved_tasks(self) -> None:
+        """With a data pipeline of `grpo_tasks: unsolved`: the grid's shared SFT checkpoint on every
+        GRPO training task, once (stage `unsolved_tasks`, under that pipeline's evaluation inputs),
+        writing the id file every GRPO cell's data.task_ids names. So every GRPO cell, RL only
+        included, trains on the tasks the shared SFT leaves unsolved: one task set for all cells."""
+        pipe = self._data["pipeline"]
+        self.stages.run("unsolved_tasks", pipe.stage_unsolved_tasks, self._sft(), inputs=pipe.eval_inputs("unsolved_tasks"))
+
     def _grpo(self, cell: CellSpec, init: Path | None) -> Path:
+        if self.cfg.data and self._data["unsolved"]:
+            self._unsolved_tasks()
         return self._train("grpo", self.cfg.train.grpo_config, self.out / "cells" / slug(cell.name) / "grpo", lambda: {
             **(self._data["grpo"] if self.cfg.data else {}), **self.cfg.train.grpo_overrides,
             "grpo.reward_preset": cell.reward_preset, "run.init_from": str(init) if init else None, **cell.grpo_overrides})

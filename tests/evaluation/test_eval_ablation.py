@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from canvasagent.cli import main as cli_main
-from canvasagent.evaluation.ablation import AblationConfig, AblationError, AblationRunner, cli_trainer, slug
+from canvasagent.evaluation.ablation import AblationConfig, AblationRunner, cli_trainer, slug
 from canvasagent.evaluation.metrics import TaskResult, policy_metrics
 from canvasagent.training.evaluate import EvalResult
 
@@ -174,19 +174,47 @@ def test_only_named_cells_run_and_the_table_keeps_finished_ones(grid, tmp_path):
     assert cli_main(["ablate", "--grid", str(grid), "--out", str(tmp_path / "abl"), "--cell", "No such cell"]) == 2
 
 
-def test_a_data_pipeline_that_trains_grpo_on_unsolved_tasks_is_refused(grid, tmp_path):
-    # Its GRPO task list comes from its own SFT; a grid would silently train every cell on all tasks.
+def test_with_grpo_tasks_unsolved_every_grpo_cell_trains_on_what_the_shared_sft_leaves_unsolved(grid, tmp_path, monkeypatch):
+    """A data pipeline with `grpo_tasks: unsolved`: the shared SFT is evaluated once on the GRPO
+    training tasks (never the held-out ones) and every GRPO cell, RL only included, gets the id file."""
     pipe = tmp_path / "pipe.yaml"
-    pipe.write_text(yaml.safe_dump({"data": "canvascraft", "grpo_tasks": "unsolved"}))
+    pipe.write_text(yaml.safe_dump({
+        "data": "canvascraft", "grpo_tasks": "unsolved", "eval_samples": 2,
+        "cc_mix": {"single": 0, "hard": 0, "Flip": 1}, "cc_sft_n": 2, "cc_rl_n": 3, "cc_eval_n": 2,
+        "sft_overrides": {}, "grpo_overrides": {"tools.config": "offline_small"},
+    }))
     g = yaml.safe_load(grid.read_text())
     g["data"] = str(pipe)
+    g["cells"] = g["cells"][:3]  # SFT only, RL only, SFT+RL
     path = tmp_path / "grid_unsolved.yaml"
     path.write_text(yaml.safe_dump(g))
-    runner = AblationRunner(AblationConfig.load(path), tmp_path / "abl", FakeTrainer(), fake_evaluator([]))
-    assert any("grpo_tasks: unsolved" in p for p in runner.problems())
-    with pytest.raises(AblationError, match="grpo_tasks: unsolved"):
-        runner.eval_tasks()
-    assert not (tmp_path / "abl" / "data").exists()
+    seen = []
+
+    def evaluate_checkpoint(checkpoint, tasks, scorer, toolbox, tool_fns, out, **kw):
+        # Every task passes but the first training task (whose sampled episodes fail).
+        seen.append((str(out), [t.id for t in tasks]))
+        res = [TaskResult(t.id, scores={"hybrid": 0.5, "align/passed": 1.0}, n_turns=1, valid_replies=1) for t in tasks]
+        failing = [TaskResult(t.id, scores={"hybrid": 0.5, "align/passed": 0.0 if t.id == tasks[0].id and "rl-train" in t.id else 1.0},
+                              n_turns=1, valid_replies=1) for t in tasks]
+        return {"greedy": EvalResult(policy_metrics(res), res),
+                **({"sampled": EvalResult(policy_metrics(failing), failing)} if kw.get("samples") else {})}
+
+    monkeypatch.setattr("canvasagent.training.evaluate.evaluate_checkpoint", evaluate_checkpoint)
+    out_dir = tmp_path / "abl"
+    runner = AblationRunner(AblationConfig.load(path), out_dir, FakeTrainer())
+    assert not runner.problems() and any(step.startswith("unsolved_tasks:") for step in runner.plan())
+    trainer = runner.trainer
+    runner.run()
+    ids_file = out_dir / "unsolved_tasks" / "task_ids.txt"
+    ids = [x for x in ids_file.read_text().splitlines() if not x.startswith("#")]
+    from canvasagent.evaluation.tasks_io import load_tasks
+
+    train = load_tasks(out_dir / "data" / "canvascraft" / "rl", split="train")
+    assert ids == [train[0].id]
+    assert [(k, o.get("data.task_ids")) for k, o in trainer.calls] == [("sft", None), ("grpo", str(ids_file)), ("grpo", str(ids_file))]
+    # The SFT was evaluated on the training split once, then the three cells on the held-out one.
+    assert [len(t) for o, t in seen if o.endswith("unsolved_tasks")] == [3]
+    assert sum(1 for o, _ in seen if "cells" in o) == 3
 
 
 def test_grid_data_from_a_pipeline_config_trains_and_evaluates_on_its_build(grid, tmp_path, monkeypatch):
