@@ -21,7 +21,7 @@ import logging
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from canvasagent.stage_runner import StagedRun, train
 
@@ -270,22 +270,34 @@ class Pipeline:
         out["eval_chains"] = {source: dict(Counter("+".join(t.expected_tools) for t in tasks)) for source, tasks in sets.items()}
         return out
 
-    def _evaluate(self, model_dir: Path, name: str) -> dict[str, Any]:
-        """All held-out tasks (the first `limit` of each source for eval_base) in one
-        `evaluate_checkpoint` run under the stage's `eval_inputs` (resumable, under
-        <stage>/greedy|sampled); metrics overall and per source."""
+    def _run_evaluation(self, model_dir: Path, stage: str, tasks_of: Callable[[Any], list]) -> tuple[dict[str, Any], Any, list]:
+        """`evaluate_checkpoint` of `model_dir` on `tasks_of(toolbox)` under the stage's `eval_inputs`,
+        into `<out>/<stage>/greedy|sampled` (resumable per task); returns its results by mode, the
+        scorer and the tasks. The one place a stage's inputs become evaluation arguments."""
         from canvasagent.training.common import workspace
         from canvasagent.training.evaluate import evaluate_checkpoint
         from canvasagent.training.rewarding import make_scorer
 
-        ws, e = workspace(self.sft), self.eval_inputs(name)
+        ws, e = workspace(self.sft), self.eval_inputs(stage)
         toolbox = ws.env_cls.toolbox()
-        scorer = make_scorer(e["preset"], e["judge"], toolbox)
-        tasks, sources = self.eval_tasks(e["limit"])
+        try:
+            tasks = tasks_of(toolbox)
+            scorer = make_scorer(e["preset"], e["judge"], toolbox)
+            res = evaluate_checkpoint(model_dir, tasks, scorer, toolbox, ws.tool_fns, self.out / stage, max_turns=e["max_turns"],
+                                      max_new_tokens=e["max_new_tokens"], temperature=e["temperature"], samples=e["samples"],
+                                      seed=e["seed"], image_budget=e["image_budget"])
+        finally:
+            toolbox.close()
+        return res, scorer, tasks
+
+    def _evaluate(self, model_dir: Path, name: str) -> dict[str, Any]:
+        """All held-out tasks (the first `limit` of each source for eval_base) in one
+        `evaluate_checkpoint` run under the stage's `eval_inputs` (resumable, under
+        <stage>/greedy|sampled); metrics overall and per source."""
+        e = self.eval_inputs(name)
+        sources = self.eval_tasks(e["limit"])[1]
+        res, scorer, _ = self._run_evaluation(model_dir, name, lambda _toolbox: self.eval_tasks(e["limit"])[0])
         index = {s: [i for i, x in enumerate(sources) if x == s] for s in dict.fromkeys(sources)}
-        res = evaluate_checkpoint(model_dir, tasks, scorer, toolbox, ws.tool_fns, self.out / name, max_turns=e["max_turns"],
-                                  max_new_tokens=e["max_new_tokens"], temperature=e["temperature"], samples=e["samples"],
-                                  seed=e["seed"], image_budget=e["image_budget"])
         out: dict[str, Any] = {"model": str(model_dir), "scorer": scorer.source, "task_sources": sources,
                                "max_new_tokens": e["max_new_tokens"], "by_source": {s: {} for s in index}}
         for mode, suffix in (("greedy", ""), ("sampled", "_sampled")):
@@ -300,19 +312,14 @@ class Pipeline:
         (`Source.train_tasks`), under this stage's `eval_inputs`: the ids of those it does not solve
         go to `unsolved_tasks/task_ids.txt`, which GRPO's data.task_ids names
         (`canvasagent.training.unsolved`)."""
-        from canvasagent.training.common import workspace
-        from canvasagent.training.rewarding import make_scorer
         from canvasagent.training.sources import source_of
-        from canvasagent.training.unsolved import find_unsolved
+        from canvasagent.training.unsolved import write_unsolved
 
-        ws, e = workspace(self.sft), self.eval_inputs("unsolved_tasks")
+        checkpoint = checkpoint or self.out / "sft" / "final"
         every = replace(self.grpo, data=replace(self.grpo.data, task_ids=None))
-        toolbox = ws.env_cls.toolbox()
-        try:
-            return find_unsolved(checkpoint or self.out / "sft" / "final", source_of(every).train_tasks(every, toolbox), self.out / "unsolved_tasks",
-                                 make_scorer(e["preset"], e["judge"], toolbox), toolbox, ws.tool_fns, e)
-        finally:
-            toolbox.close()
+        res, _, tasks = self._run_evaluation(checkpoint, "unsolved_tasks", lambda toolbox: source_of(every).train_tasks(every, toolbox))
+        e = self.eval_inputs("unsolved_tasks")
+        return write_unsolved(checkpoint, tasks, res, self.out / "unsolved_tasks", e["samples"], e["temperature"])
 
     def stage_eval_base(self) -> dict[str, Any]:
         from canvasagent.training.common import resolve_model_path
