@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output dir (runs, evaluations, table.md, curves.png)")
     p.add_argument("--cell", action="append", default=[], metavar="NAME",
                    help="run only this cell (repeatable; e.g. one per machine); the table covers every finished cell")
-    p.add_argument("--dry-run", action="store_true", help="print the stages and validate the grid; train nothing")
+    p.add_argument("--dry-run", action="store_true", help="print the stages (finished ones under --out marked [done]) and validate the grid; train nothing")
     p.set_defaults(func=run)
 
 

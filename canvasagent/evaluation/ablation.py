@@ -191,23 +191,28 @@ class AblationRunner:
         self.stages = StagedRun(self.out, "ablation")
 
     def plan(self) -> list[str]:
-        """Human-readable stages, in order (for --dry-run)."""
+        """Human-readable stages, in order (for --dry-run); a stage already finished under `--out`
+        (a rerun, or done markers copied from another run) ends in "[done]" and will be skipped."""
         from canvasagent.pipeline import PipelineConfig
 
         t = self.cfg.train
-        steps = [f"data: pipeline {self.cfg.data} data stage -> {self.out / 'data'}"] if self.cfg.data else []
+
+        def step(stage: str, text: str) -> str:
+            return f"{text}  [done]" if self.stages.done(stage) is not None else text
+
+        steps = [step("data", f"data: pipeline {self.cfg.data} data stage -> {self.out / 'data'}")] if self.cfg.data else []
         unsolved = bool(self.cfg.data) and PipelineConfig.load(self.cfg.data).grpo_tasks == "unsolved"
         if any(c.sft for c in self.cfg.cells) or (unsolved and any(c.grpo for c in self.cfg.cells)):
-            steps.append(f"train sft  --config {t.sft_config} -> {self.out / 'sft'}")
+            steps.append(step("sft", f"train sft  --config {t.sft_config} -> {self.out / 'sft'}"))
         if unsolved and any(c.grpo for c in self.cfg.cells):
-            steps.append(f"unsolved_tasks: sft/final on the GRPO training tasks -> {self.out / 'unsolved_tasks' / 'task_ids.txt'} "
-                         "(every GRPO cell trains on those)")
+            steps.append(step("unsolved_tasks", f"unsolved_tasks: sft/final on the GRPO training tasks -> "
+                              f"{self.out / 'unsolved_tasks' / 'task_ids.txt'} (every GRPO cell trains on those)"))
         for c in self.cfg.cells:
-            d = self.out / "cells" / slug(c.name)
+            stage = f"cells/{slug(c.name)}"
             if c.grpo:
                 start = "sft/final" if c.sft else "base model"
-                steps.append(f"train grpo --config {t.grpo_config} (reward {c.reward_preset}, from {start}) -> {d / 'grpo'}")
-            steps.append(f"eval {c.name} -> {d / 'eval'}")
+                steps.append(step(f"{stage}/grpo", f"train grpo --config {t.grpo_config} (reward {c.reward_preset}, from {start}) -> {self.out / stage / 'grpo'}"))
+            steps.append(step(stage, f"eval {c.name} -> {self.out / stage / 'eval'}"))
         return steps
 
     def problems(self) -> list[str]:

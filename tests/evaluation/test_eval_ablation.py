@@ -202,9 +202,13 @@ def test_with_grpo_tasks_unsolved_every_grpo_cell_trains_on_what_the_shared_sft_
     monkeypatch.setattr("canvasagent.training.evaluate.evaluate_checkpoint", evaluate_checkpoint)
     out_dir = tmp_path / "abl"
     runner = AblationRunner(AblationConfig.load(path), out_dir, FakeTrainer())
-    assert not runner.problems() and any(step.startswith("unsolved_tasks:") for step in runner.plan())
+    plan = runner.plan()
+    assert not runner.problems() and any(step.startswith("unsolved_tasks:") for step in plan)
+    assert not any(step.endswith("[done]") for step in plan)
     trainer = runner.trainer
     runner.run()
+    # --dry-run on the finished grid: every stage it listed is marked done (a rerun skips it).
+    assert runner.plan() == [f"{step}  [done]" for step in plan]
     ids_file = out_dir / "unsolved_tasks" / "task_ids.txt"
     ids = [x for x in ids_file.read_text().splitlines() if not x.startswith("#")]
     from canvasagent.evaluation.tasks_io import load_tasks
