@@ -68,6 +68,19 @@ def grpo_args(cfg: TrainConfig, reward_weights: list[float], with_deepspeed: boo
     )
 
 
+def require_enough_tasks(args: Any, n_tasks: int) -> None:
+    """Refuse a task set smaller than one generation batch's prompts (its groups need distinct
+    prompts): TRL's sampler drops the incomplete batch, so such a run would train 0 steps and
+    still save a "final" checkpoint equal to its start."""
+    prompts = args.generation_batch_size // args.num_generations
+    if n_tasks < prompts:
+        raise ValueError(
+            f"GRPO has {n_tasks} training task(s) but one generation batch samples {prompts} distinct prompts "
+            f"({args.generation_batch_size} rollouts in groups of {args.num_generations}); TRL would train 0 steps. "
+            "Add tasks, or lower optim.per_device_train_batch_size / optim.gradient_accumulation_steps, or raise "
+            "grpo.num_generations")
+
+
 def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
     # CanvasGRPOTrainer, not TRL's: it never scores a sampled vision placeholder (see trl_multimodal).
     from canvasagent.training.env import load_tools_config
@@ -82,10 +95,12 @@ def build_grpo_trainer(cfg: TrainConfig, callbacks: list | None = None):
     rewards = TRLRewards(scorer, on_scored=dumper, group_size=cfg.grpo.num_generations,
                          sources=TRLRewards.sources_in(train_dataset["task"]))  # per-source reward curves
     log.info("GRPO reward: %s, components %s, weights %s", scorer.source, rewards.names, rewards.weights())
+    args = grpo_args(cfg, rewards.weights())
+    require_enough_tasks(args, len(train_dataset))
     trainer = CanvasGRPOTrainer(
         model=model,
         reward_funcs=rewards.functions(),
-        args=grpo_args(cfg, rewards.weights()),
+        args=args,
         train_dataset=train_dataset,
         processing_class=processor,
         environment_factory=ws.env_cls,

@@ -107,3 +107,22 @@ def test_grpo_resume_continues_from_checkpoint(grpo_run, tiny_qwen3vl_dir, tmp_p
     assert summary["global_step"] == 2
     rewards = [h["reward"] for h in summary["log_history"] if "reward" in h]
     assert len(rewards) == 2 and rewards[0] == [h["reward"] for h in trainer.state.log_history if "reward" in h][0]
+
+
+def test_a_task_set_smaller_than_a_generation_batch_is_refused(tiny_qwen3vl_dir, tmp_path):
+    """TRL's sampler drops an incomplete batch of distinct prompts, so fewer tasks than one
+    generation batch's prompts would train 0 steps and still save a final checkpoint."""
+    from canvasagent.training.grpo import grpo_args, require_enough_tasks
+
+    cfg = TrainConfig.load("grpo_tiny_cpu", {"run.output_dir": str(tmp_path), "optim.per_device_train_batch_size": 16,
+                                            "optim.gradient_accumulation_steps": 4, "grpo.num_generations": 8})
+    args = grpo_args(cfg, [1.0])
+    require_enough_tasks(args, 8)  # 64 rollouts in groups of 8: 8 prompts
+    with pytest.raises(ValueError, match="7 training task.*8 distinct prompts"):
+        require_enough_tasks(args, 7)
+    # build_grpo_trainer refuses it before training.
+    small = _cfg(tmp_path / "small", tiny_qwen3vl_dir)
+    small.data.n_train, small.optim.gradient_accumulation_steps = 1, 2  # 8 rollouts, 2 prompts
+    with pytest.raises(ValueError, match="1 training task"):
+        build_grpo_trainer(small)
+    assert not (tmp_path / "small" / "final").exists()
