@@ -239,3 +239,21 @@ def test_an_evaluation_begun_with_another_reply_limit_is_refused_finished_or_not
     assert at96.run(only=["eval_sft"])["eval_sft"] == {"max_new_tokens": 96, "per_task": []}
     (stage / "inputs.json").unlink()
     assert Pipeline(at384).run(only=["eval_sft"])["eval_sft"] == {"max_new_tokens": 96, "per_task": []}
+
+
+@pytest.mark.parametrize("preset", [None, "1"])
+def test_the_job_uses_every_usable_core_unless_threads_are_set(preset, tmp_path, monkeypatch):
+    import os
+
+    import canvasagent.pipeline as pipeline_mod
+    from canvasagent.cli.pipeline_cmd import usable_cpus
+
+    if preset is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", preset)
+    seen = {}
+    monkeypatch.setattr(pipeline_mod, "run_pipeline", lambda cfg, stages: seen.setdefault("threads", os.environ["OMP_NUM_THREADS"]) and {})
+    assert main(["pipeline", "--out", str(tmp_path / "run")]) == 0
+    assert 1 <= usable_cpus() <= (os.cpu_count() or 1)
+    assert seen["threads"] == (str(usable_cpus()) if preset is None else preset)
