@@ -4,9 +4,9 @@ The rollouts are replayed, so which turn is better is known by construction: in 
 three rollouts call Flip and one breaks its call; after the call, two stop and one rambles. The
 step's update is taken from the trainer's own optimizer and loss, then every rollout's turns are
 scored again under the weights before and after it. A turn the reward ranks higher must gain
-log-probability against a turn it ranks lower, under both credits. This fails when advantages
-reach the wrong rows or the wrong tokens (a shuffled batch, a shifted turn or tool mask, a sign
-error), which the reward curves of a short run cannot tell from slow learning.
+log-probability against a turn it ranks lower, under both credits. It fails when the trainer's
+advantages are negated or reach the wrong rows (both checked by changing CanvasGRPOTrainer),
+faults that the reward curve of a short run cannot tell from slow learning.
 """
 
 from __future__ import annotations
