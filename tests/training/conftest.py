@@ -61,3 +61,30 @@ def replay_turns(trainer, tokenizer, script: list[list[str]]) -> dict[str, int]:
 
     trainer.model.generate = generate
     return calls
+
+
+# A replayed group of four on a 2-turn task: three rollouts call Flip and one breaks its call;
+# after the call, two stop and one rambles. Which turn is better is known by construction.
+CALL = '<reason>Mirror img_1.</reason>\n<tool_call>\n{"name": "Flip", "arguments": {"image": "img_1"}}\n</tool_call><|im_end|>'
+BROKEN = '<reason>Mirror img_1.</reason>\n<tool_call>\n{"name": "Flip", "arguments": {"image": <|im_end|>'
+STOP = "<reason>Flip_0 is the final image.</reason><Terminate><|im_end|>"
+RAMBLE = "<reason>The image image image image.</reason><|im_end|>"
+REPLAYED_GROUP = [[CALL, CALL, CALL, BROKEN], [STOP, RAMBLE, STOP]]
+
+
+def replayed_group_trainer(out, tiny_dir, credit: str, **overrides):
+    """A one-step GRPO trainer of the tiny model whose sampler replays REPLAYED_GROUP, not yet
+    trained: (trainer, the list its scored batches will be recorded in)."""
+    from canvasagent.training.config import TrainConfig
+    from canvasagent.training.grpo import build_grpo_trainer
+
+    cfg = TrainConfig.load("grpo_tiny_cpu", {
+        "run.output_dir": str(out), "model.name_or_path": str(tiny_dir), "run.init_from": None,
+        "data.n_train": 2, "optim.max_steps": 1, "optim.per_device_train_batch_size": 4,
+        "grpo.num_generations": 4, "grpo.max_turns": 2, "grpo.max_completion_length": 256,
+        "grpo.credit": credit, "run.save_steps": 0, "run.dump_every": 0, "run.logging_steps": 1, **overrides,
+    })
+    trainer, processor, _ = build_grpo_trainer(cfg)
+    assert trainer.credit == credit
+    replay_turns(trainer, processor.tokenizer, REPLAYED_GROUP)
+    return trainer, record_scored_batches(trainer)

@@ -12,46 +12,30 @@ faults that the reward curve of a short run cannot tell from slow learning.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
 
-from canvasagent.training.config import TrainConfig
 from canvasagent.training.turn_credit import model_turns
 
-CALL = '<reason>Mirror img_1.</reason>\n<tool_call>\n{"name": "Flip", "arguments": {"image": "img_1"}}\n</tool_call><|im_end|>'
-BROKEN = '<reason>Mirror img_1.</reason>\n<tool_call>\n{"name": "Flip", "arguments": {"image": <|im_end|>'
-STOP = "<reason>Flip_0 is the final image.</reason><Terminate><|im_end|>"
-RAMBLE = "<reason>The image image image image.</reason><|im_end|>"
 
-
-def _turn_logps(trainer, model, batch: dict) -> torch.Tensor:
-    """(rollouts, 2): the summed log-probability of each rollout's first and second model turn."""
+def _token_logps(trainer, model, batch: dict) -> torch.Tensor:
+    """(rollouts, completion tokens): each completion token's log-probability under `model`."""
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     extra = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "num_images", "mm_token_type_ids", "token_type_ids")
              if batch.get(k) is not None}
     with torch.no_grad():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, mask, batch["completion_ids"].size(1), **extra)
-    index, _ = model_turns(batch["completion_mask"], batch["tool_mask"])
-    return torch.stack([(logps * (index == t)).sum(dim=1) for t in (0, 1)], dim=1)
+    return logps
 
 
 @pytest.mark.parametrize("credit", ["turn", "sequence"])
 def test_a_step_raises_the_better_turns_against_the_worse(credit, tiny_qwen3vl_dir, tmp_path):
-    from canvasagent.training.grpo import build_grpo_trainer
-    from tests.training.conftest import record_scored_batches, replay_turns
+    from tests.training.conftest import replayed_group_trainer
 
-    cfg = TrainConfig.load("grpo_tiny_cpu", {
-        "run.output_dir": str(tmp_path / credit), "model.name_or_path": str(Path(tiny_qwen3vl_dir)), "run.init_from": None,
-        "data.n_train": 1, "optim.max_steps": 1, "optim.per_device_train_batch_size": 4, "optim.learning_rate": 1e-3,
-        "grpo.num_generations": 4, "grpo.max_turns": 2, "grpo.max_completion_length": 256, "grpo.beta": 0.0,
-        "grpo.credit": credit, "run.save_steps": 0, "run.dump_every": 0, "run.logging_steps": 1,
-    })
-    trainer, processor, _ = build_grpo_trainer(cfg)
-    replay_turns(trainer, processor.tokenizer, [[CALL, CALL, CALL, BROKEN], [STOP, RAMBLE, STOP]])
-    batches = record_scored_batches(trainer)
+    trainer, batches = replayed_group_trainer(tmp_path / credit, tiny_qwen3vl_dir, credit, **{
+        "data.n_train": 1, "optim.learning_rate": 1e-3, "grpo.beta": 0.0})
     before = copy.deepcopy(trainer.model).eval()
     trainer.train()
     assert len(batches) == 1
@@ -59,7 +43,8 @@ def test_a_step_raises_the_better_turns_against_the_worse(credit, tiny_qwen3vl_d
     index, n_turns = model_turns(batch["completion_mask"], batch["tool_mask"])
     assert n_turns.tolist() == [2, 2, 2, 1]  # the replay went as scripted
 
-    gain = _turn_logps(trainer, trainer.model.eval(), batch) - _turn_logps(trainer, before, batch)
+    token_gain = _token_logps(trainer, trainer.model.eval(), batch) - _token_logps(trainer, before, batch)
+    gain = torch.stack([(token_gain * (index == t)).sum(dim=1) for t in (0, 1)], dim=1)  # (rollouts, turn)
     # First turn: a well-formed call over the broken one (each call shares the broken reply's
     # prefix, whose tokens see advantages that sum to zero over the group).
     for caller in (0, 1, 2):

@@ -95,24 +95,10 @@ def test_turn_zero_is_grpo_and_later_turns_sum_to_zero(case, scale):
 
 
 def _scored_batch(out: Path, tiny_dir: Path, credit: str) -> dict:
-    from canvasagent.training.grpo import build_grpo_trainer
-    from tests.training.conftest import record_scored_batches, replay_turns
+    from tests.training.conftest import replayed_group_trainer
 
-    call = '<reason>Mirror img_1.</reason>\n<tool_call>\n{"name": "Flip", "arguments": {"image": "img_1"}}\n</tool_call><|im_end|>'
-    broken = '<reason>Mirror img_1.</reason>\n<tool_call>\n{"name": "Flip", "arguments": {"image": <|im_end|>'
-    stop = "<reason>Flip_0 is the final image.</reason><Terminate><|im_end|>"
-    ramble = "<reason>The image image image image.</reason><|im_end|>"
-    cfg = TrainConfig.load("grpo_tiny_cpu", {
-        "run.output_dir": str(out), "model.name_or_path": str(tiny_dir), "run.init_from": None,
-        "data.n_train": 2, "optim.max_steps": 1, "optim.per_device_train_batch_size": 4,
-        "grpo.num_generations": 4, "grpo.max_turns": 2, "grpo.max_completion_length": 256,
-        "grpo.credit": credit, "run.save_steps": 0, "run.dump_every": 0, "run.logging_steps": 1,
-    })
-    trainer, processor, _ = build_grpo_trainer(cfg)
-    assert trainer.credit == credit
     # turn 1: rollouts 0-2 call Flip, 3 breaks its call; turn 2 (rollouts 0-2): stop, ramble, stop
-    replay_turns(trainer, processor.tokenizer, [[call, call, call, broken], [stop, ramble, stop]])
-    batches = record_scored_batches(trainer)
+    trainer, batches = replayed_group_trainer(out, tiny_dir, credit)
     trainer.train()
     assert len(batches) == 1
     return batches[0]
