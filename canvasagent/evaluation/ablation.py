@@ -8,7 +8,9 @@ subprocess per run, so each run has a clean process and its own log); the reward
 GRPO runs whose `grpo.reward_preset` names a preset in configs/reward/. The SFT run is shared by
 every cell that starts from it. Each checkpoint is evaluated on the same split by
 `training.evaluate.evaluate_checkpoint` (greedy, plus sampled with `eval.samples`), every cell
-scored by the same reward, and written as one Table-5-shaped table plus training curves.
+scored by the same reward, and written as one Table-5-shaped table plus training curves; the
+table also checks the paper's Table-5 claims cell against cell, paired per held-out task
+(`table5_shape.check_shape`).
 
 Stages run through `canvasagent.stage_runner.StagedRun`. Layout under `--out` (a rerun skips
 every finished stage and resumes unfinished training):
@@ -33,6 +35,7 @@ from typing import Any, Callable
 from canvasagent.core.plotting import ema, figure
 from canvasagent.evaluation.metrics import paired_difference, summarize
 from canvasagent.evaluation.report import markdown_table, metrics_table, write_report
+from canvasagent.evaluation.table5_shape import check_shape, shape_rows
 from canvasagent.evaluation.tasks_io import load_tasks, write_tasks
 from canvasagent.stage_runner import StagedRun, StageFailed, StaleStage, train_command
 from rewards.hybrid import canonical_scores
@@ -117,23 +120,26 @@ PAIRED_COLUMNS = ("hybrid", "align", "traj", "rule")
 REFERENCE_CELL = "SFT+RL"  # the paper's full method: the other cells are read against it
 
 
+def cell_task_scores(out: Path, name: str, mode: str = "greedy") -> dict[str, dict[str, float]] | None:
+    """A cell's canonical scores per held-out task ({task_id: scores}) from its
+    `cells/<slug>/eval/<mode>/report.json`; None without one."""
+    path = out / "cells" / slug(name) / "eval" / mode / "report.json"
+    if not path.exists():
+        return None
+    return {t["task_id"]: canonical_scores(t["scores"]) for t in json.loads(path.read_text()).get("tasks") or []}
+
+
 def paired_against(out: Path, cells: list[str], reference: str, mode: str = "greedy") -> dict[str, dict[str, dict[str, float]]]:
     """Each cell minus `reference` on `PAIRED_COLUMNS`, paired per held-out task, from the cells'
     `cells/<slug>/eval/<mode>/report.json`: {cell: {column: `paired_difference`}}. A cell without
     a report, or with other tasks than the reference's, is left out (it cannot be paired)."""
-    def per_task(name: str) -> dict[str, dict[str, float]] | None:
-        path = out / "cells" / slug(name) / "eval" / mode / "report.json"
-        if not path.exists():
-            return None
-        return {t["task_id"]: canonical_scores(t["scores"]) for t in json.loads(path.read_text()).get("tasks") or []}
-
-    ref = per_task(reference)
+    ref = cell_task_scores(out, reference, mode)
     if not ref:
         return {}
     ids = sorted(ref)
     out_rows: dict[str, dict[str, dict[str, float]]] = {}
     for name in cells:
-        got = per_task(name) if name != reference else None
+        got = cell_task_scores(out, name, mode) if name != reference else None
         if got is None or sorted(got) != ids:
             continue
         out_rows[name] = {c: paired_difference([ref[i] for i in ids], [got[i] for i in ids], c) for c in PAIRED_COLUMNS}
@@ -378,6 +384,7 @@ class AblationRunner:
         notes = [f"- {n}: FAILED — {msg.splitlines()[0]}" for n, msg in failures.items()]
         md = f"# Ablation: {self.cfg.name}\n\nEvaluated with the `{self.cfg.eval.preset}` reward, {self.cfg.eval.judge} judges.\n"
         paired: dict[str, dict] = {}
+        shape: dict[str, list[dict[str, Any]]] = {}
         for mode, heading in (("greedy", ""), ("sampled", f"Sampled ({self.cfg.eval.samples} episodes a task at the GRPO temperature; "
                                                           "success: at least half of a task's episodes passed every check):\n\n")):
             field_name = "metrics" if mode == "greedy" else "metrics_sampled"
@@ -390,12 +397,17 @@ class AblationRunner:
             if paired[mode]:
                 md += (f"\nEach cell minus {REFERENCE_CELL}, paired per held-out task ({mode}; mean ± standard error):\n\n"
                        + paired_table(paired[mode], REFERENCE_CELL) + "\n")
+            if checks := check_shape({n: s for n in rows if (s := cell_task_scores(self.out, n, mode))}):
+                shape[mode] = [c.to_dict() for c in checks]
+                md += (f"\nAgainst paper Table 5's shape ({mode}; higher minus lower cell, paired per held-out task):\n\n"
+                       + markdown_table(["Claim", "Score", "Difference", "Holds", "Beyond 2 se"], shape_rows(checks)) + "\n")
         if notes:
             md += "\n" + "\n".join(notes) + "\n"
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "table.md").write_text(md)
         payload = {"name": self.cfg.name, "cells": {n: r.to_dict() for n, r in results.items()}, "failures": failures,
-                   "paired_vs_reference": {"reference": REFERENCE_CELL, "cells": paired.get("greedy", {}), "cells_sampled": paired.get("sampled", {})}}
+                   "paired_vs_reference": {"reference": REFERENCE_CELL, "cells": paired.get("greedy", {}), "cells_sampled": paired.get("sampled", {})},
+                   "table5_shape": shape}
         (self.out / "table.json").write_text(json.dumps(payload, indent=2, default=float))
         self.curves()
         return {"markdown": md, **payload}
