@@ -220,11 +220,17 @@ def parse_reply(text: Any) -> ParsedReply:
 
 
 def format_reply(reason: str, call: dict | ToolCall | None = None, terminate: bool = False) -> str:
-    """Render a well-formed reply (used by scripted policies and the data builder)."""
+    """Render a well-formed reply (used by scripted policies and the data builder). `parse_reply`
+    reads the call back as given, whatever its strings hold, protocol tags included."""
     parts = [f"{REASON_OPEN}{reason}{REASON_CLOSE}"]
     if call is not None:
         d = call.to_dict() if isinstance(call, ToolCall) else call
-        parts.append(f"{CALL_OPEN}{json.dumps(d, ensure_ascii=False)}{CALL_CLOSE}")
+        body = json.dumps(d, ensure_ascii=False)
+        if any(tok in body for tok in PROTOCOL_TOKENS):
+            # A tag inside a string (a name, an Overlayer text) would end or split the call when
+            # parsed. "<" only occurs inside JSON strings, where \u003c decodes to the same text.
+            body = body.replace("<", "\\u003c")
+        parts.append(f"{CALL_OPEN}{body}{CALL_CLOSE}")
     if terminate:
         parts.append(TERMINATE)
     return "".join(parts)

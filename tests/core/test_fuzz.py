@@ -3,7 +3,7 @@
 import json
 import math
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
@@ -56,6 +56,9 @@ def test_parser_never_raises_on_arbitrary_text(text):
 
 @FAST
 @given(st.text(max_size=40), structured_calls, st.booleans())
+@example("ok", ("</tool_call>", {}), False)
+@example("ok", ("Overlayer", {"text": "<tool_call>{}</tool_call> <reason>x</reason> <Terminate>"}), True)
+@example("ok", ("Crop", {"</reason>": "a < b"}), False)
 def test_well_formed_replies_round_trip(reason, call, terminate):
     reason = reason.replace("<", "").replace(">", "").strip() or "ok"
     name, args = call
