@@ -133,13 +133,19 @@ def paired_against(out: Path, cells: list[str], reference: str, mode: str = "gre
     """Each cell minus `reference` on `PAIRED_COLUMNS`, paired per held-out task, from the cells'
     `cells/<slug>/eval/<mode>/report.json`: {cell: {column: `paired_difference`}}. A cell without
     a report, or with other tasks than the reference's, is left out (it cannot be paired)."""
-    ref = cell_task_scores(out, reference, mode)
+    scores = {n: s for n in {*cells, reference} if (s := cell_task_scores(out, n, mode)) is not None}
+    return paired_rows(scores, [n for n in cells if n in scores], reference)
+
+
+def paired_rows(scores: dict[str, dict[str, dict[str, float]]], cells: list[str], reference: str) -> dict[str, dict[str, dict[str, float]]]:
+    """`paired_against` on per-task scores already read ({cell: `cell_task_scores`})."""
+    ref = scores.get(reference)
     if not ref:
         return {}
     ids = sorted(ref)
     out_rows: dict[str, dict[str, dict[str, float]]] = {}
     for name in cells:
-        got = cell_task_scores(out, name, mode) if name != reference else None
+        got = scores.get(name) if name != reference else None
         if got is None or sorted(got) != ids:
             continue
         out_rows[name] = {c: paired_difference([ref[i] for i in ids], [got[i] for i in ids], c) for c in PAIRED_COLUMNS}
@@ -393,11 +399,12 @@ class AblationRunner:
                 continue
             md += f"\n{heading}{metrics_table(rows)}\n\n" + markdown_table(["Setting", "Success", "Valid replies", "Minutes"], (
                 [n, f"{m['success']:.3f}", f"{m['format_validity']:.3f}", f"{results[n].seconds / 60:.1f}"] for n, m in rows.items())) + "\n"
-            paired[mode] = paired_against(self.out, list(rows), REFERENCE_CELL, mode) if REFERENCE_CELL in rows else {}
+            scores = {n: s for n in rows if (s := cell_task_scores(self.out, n, mode))}  # each report read once
+            paired[mode] = paired_rows(scores, list(rows), REFERENCE_CELL)
             if paired[mode]:
                 md += (f"\nEach cell minus {REFERENCE_CELL}, paired per held-out task ({mode}; mean ± standard error):\n\n"
                        + paired_table(paired[mode], REFERENCE_CELL) + "\n")
-            if checks := check_shape({n: s for n in rows if (s := cell_task_scores(self.out, n, mode))}):
+            if checks := check_shape(scores):
                 shape[mode] = [c.to_dict() for c in checks]
                 md += (f"\nAgainst paper Table 5's shape ({mode}; higher minus lower cell, paired per held-out task):\n\n"
                        + markdown_table(["Claim", "Score", "Difference", "Holds", "Beyond 2 se"], shape_rows(checks)) + "\n")

@@ -62,7 +62,7 @@ def check_shape(scores: dict[str, dict[str, dict[str, float]]],
         ids = sorted(hi)
         d = paired_difference([lo[i] for i in ids], [hi[i] for i in ids], claim.column)
         checks.append(ClaimCheck(claim, d["n"], d["mean_diff"], d["se"], holds=d["mean_diff"] > 0,
-                                 beyond_2se=d["mean_diff"] > 0 and d["mean_diff"] > 2 * d["se"]))
+                                 beyond_2se=d["mean_diff"] > 2 * d["se"]))  # se >= 0, so beyond implies holds
     return checks
 
 
